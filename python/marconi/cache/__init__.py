@@ -1,0 +1,1 @@
+"""Prefix cache core: radix tree, pools, cost model, admission/eviction policies, tuning."""
