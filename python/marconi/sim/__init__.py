@@ -1,0 +1,1 @@
+"""Trace-driven cache simulator: traces, replay and policy sweeps."""
