@@ -1,0 +1,127 @@
+"""Admission policies: where a request checkpoints SSM states (strategy classes + registry).
+
+A policy answers two questions for one request: at which positions of the input the prefill
+should capture a state, and at which positions of the decoded continuation. Every captured state
+is offered to the tree on insert; positions are absolute (prefix lengths).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, NamedTuple
+
+from marconi.registry import Registry
+
+
+class AdmissionContext(NamedTuple):
+    """What the cache knows about a request before its prefill."""
+
+    input_len: int
+    usable_len: int  # prefix the request resumes from (no capture needed at or before it)
+    branch_point: int | None  # where the input branches off the tree (speculative insertion)
+
+
+def _multiples(step: int, lo: int, hi: int) -> tuple[int, ...]:
+    """Multiples of ``step`` in ``(lo, hi]``."""
+    first = (lo // step + 1) * step
+    return tuple(range(first, hi + 1, step))
+
+
+def _last_multiple(step: int, lo: int, hi: int) -> tuple[int, ...]:
+    """The largest multiple of ``step`` in ``(lo, hi]``, if any."""
+    last = hi - hi % step
+    return (last,) if last > lo else ()
+
+
+class AdmissionPolicy(ABC):
+    """Chooses checkpoint positions. Contract: positions are strictly increasing, within
+    ``(usable_len, input_len]`` for prefill and ``(input_len, seq_len]`` for decode."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]: ...
+
+    def _branch(self, ctx: AdmissionContext) -> tuple[int, ...]:
+        bp = ctx.branch_point
+        return (bp,) if bp is not None and ctx.usable_len < bp <= ctx.input_len else ()
+
+
+ADMISSION_POLICIES: Registry[AdmissionPolicy] = Registry("admission policy")
+
+
+@ADMISSION_POLICIES.register("marconi")
+class MarconiAdmission(AdmissionPolicy):
+    """The paper's taxonomy: the branch point (a purely-input prefix shared with an earlier
+    request) and the state after the last decoded token (where a conversation continues).
+    At most two new states per request."""
+
+    name = "marconi"
+
+    def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]:
+        return self._branch(ctx)
+
+    def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
+        return (seq_len,) if seq_len > input_len else ()
+
+
+@ADMISSION_POLICIES.register("every-n")
+class EveryN(AdmissionPolicy):
+    """A state every ``n`` tokens over the whole sequence (vLLM+ in the paper, n = 32)."""
+
+    name = "every-n"
+
+    def __init__(self, n: int = 32) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self.n = n
+
+    def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]:
+        return _multiples(self.n, ctx.usable_len, ctx.input_len)
+
+    def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
+        return _multiples(self.n, input_len, seq_len)
+
+
+@ADMISSION_POLICIES.register("chunk-aligned")
+class ChunkAligned(AdmissionPolicy):
+    """SGLang 0.5's ``extra_buffer`` mode: the state at the last ``interval``-aligned position
+    of the prefill and of the finished sequence, plus a branch checkpoint when the input
+    branches off the tree past the deepest state."""
+
+    name = "chunk-aligned"
+
+    def __init__(self, interval: int = 256) -> None:
+        self.interval = interval
+
+    def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]:
+        aligned = _last_multiple(self.interval, ctx.usable_len, ctx.input_len)
+        return tuple(sorted(set(self._branch(ctx) + aligned)))
+
+    def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
+        return _last_multiple(self.interval, input_len, seq_len)
+
+
+@ADMISSION_POLICIES.register("align-junctions")
+class AlignJunctions(AdmissionPolicy):
+    """vLLM 0.32's ``--mamba-cache-mode align`` with Marconi-style retention: states only on
+    ``block``-aligned positions; the latest replay point of the finished sequence and shared-
+    prefix junctions (the branch point rounded down to a block boundary). The replay point
+    is the last block boundary of the input (prefill) or of the continuation (decode)."""
+
+    name = "align-junctions"
+
+    def __init__(self, block: int = 512) -> None:
+        self.block = block
+
+    def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]:
+        bp = ctx.branch_point
+        junction = () if bp is None else _last_multiple(self.block, ctx.usable_len, bp)
+        latest = _last_multiple(self.block, ctx.usable_len, ctx.input_len)
+        return tuple(sorted(set(junction + latest)))
+
+    def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
+        return _last_multiple(self.block, input_len, seq_len)

@@ -1,0 +1,82 @@
+"""Named cache presets, used everywhere (CLI, engine, plots).
+
+| preset       | admission                               | eviction            | page |
+|--------------|-----------------------------------------|---------------------|------|
+| vllm+        | a state every 32 tokens                 | LRU                 | 32   |
+| sglang+      | Marconi's (branch point + last decoded) | LRU                 | 1    |
+| marconi      | Marconi's                               | FLOP-aware, tuned   | 1    |
+| sglang-0.5   | last 256-aligned position + branch      | LRU                 | 1    |
+| vllm-0.32    | 512-aligned replay point + junctions    | LRU                 | 512  |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from marconi.cache.prefix_cache import CacheConfig
+
+
+@dataclass(frozen=True)
+class CachePreset:
+    name: str
+    config: CacheConfig
+    tune_alpha: bool  # alpha is tuned online ("auto")
+    description: str
+
+
+PRESETS: dict[str, CachePreset] = {
+    p.name: p
+    for p in (
+        CachePreset(
+            "vllm+",
+            CacheConfig("every-n", {"n": 32}, "lru", page_size=32),
+            False,
+            "vLLM prefix caching extended with a state every 32 tokens (paper baseline)",
+        ),
+        CachePreset(
+            "sglang+",
+            CacheConfig("marconi", {}, "lru"),
+            False,
+            "SGLang radix cache with Marconi's admission and LRU eviction (paper baseline)",
+        ),
+        CachePreset(
+            "marconi",
+            CacheConfig("marconi", {}, "flop-aware"),
+            True,
+            "Marconi: judicious admission + FLOP-aware eviction with tuned alpha",
+        ),
+        CachePreset(
+            "sglang-0.5",
+            CacheConfig("chunk-aligned", {"interval": 256}, "lru"),
+            False,
+            "SGLang 0.5 extra_buffer mode: chunk-aligned states + branch checkpoints, LRU",
+        ),
+        CachePreset(
+            "vllm-0.32",
+            CacheConfig("align-junctions", {"block": 512}, "lru", page_size=512),
+            False,
+            "vLLM 0.32 align mode: block-aligned replay point + shared-prefix junctions, LRU",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> CachePreset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown cache preset {name!r}; choose one of {', '.join(PRESETS)}"
+        ) from None
+
+
+def preset_config(
+    name: str, alpha: float | None = None, page_size: int | None = None
+) -> CacheConfig:
+    """The preset's config, with an explicit alpha or page size if given."""
+    cfg = get_preset(name).config
+    if alpha is not None:
+        cfg = replace(cfg, alpha=alpha)
+    if page_size is not None:
+        cfg = replace(cfg, page_size=page_size)
+    return cfg
