@@ -1,0 +1,208 @@
+"""Index tensors describing one packed forward batch, built once and shared by every layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from marconi.models.batch import SequenceInput
+
+
+class SegmentPlan(NamedTuple):
+    """Each request's new tokens cut into scan segments of at most `chunk_size` tokens.
+
+    Cuts fall at absolute positions that are multiples of `chunk_size` (so a resumed prefill
+    reproduces the one-pass segmentation) and at every capture position, so the state at a
+    capture is the exact state at a segment end: no second pass.
+    """
+
+    index: torch.Tensor  # [B, S, Lc] packed token index, pad = T (a zero row)
+    capture_at: dict[int, tuple[torch.Tensor, torch.Tensor]]  # segment -> (req idx, slot)
+    initial_captures: tuple[torch.Tensor, torch.Tensor] | None  # captures at offset 0
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """Packed layout of a batch: T new tokens over B requests, with cached prefixes and captures.
+
+    Request b has `prefix_lens[b]` cached tokens and `new_lens[b]` new ones; its new tokens are
+    packed contiguously in request order. Capture c asks for the state after the first
+    `prefix_lens[cap_req[c]] + cap_off[c]` tokens of its sequence, written to state slot
+    `cap_slot[c]`.
+    """
+
+    tokens: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T] absolute positions
+    tok_req: torch.Tensor  # [T] request of each token
+    tok_off: torch.Tensor  # [T] offset of each token among its request's new tokens
+    new_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
+    new_kv_slots: torch.Tensor  # [T]
+    kv_index: torch.Tensor  # [B, Lk_max] slots of prefix + new tokens (padded with slot 0)
+    state_slots: torch.Tensor  # [B]
+    fresh: torch.Tensor  # [B] bool: no cached prefix, start from a zero state
+    cap_req: torch.Tensor  # [C]
+    cap_off: torch.Tensor  # [C] offsets 0..new_len
+    cap_slot: torch.Tensor  # [C]
+    last_index: torch.Tensor  # [B] packed index of each request's last token
+    _plans: dict[int, SegmentPlan] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.new_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def max_new(self) -> int:
+        return max(self.new_lens)
+
+    @cached_property
+    def is_decode(self) -> bool:
+        """Every request feeds exactly one token and none starts fresh (pure decode step)."""
+        return self.max_new == 1 and not bool(self.fresh.any()) and self.cap_req.numel() == 0
+
+    @cached_property
+    def kv_lens(self) -> tuple[int, ...]:
+        return tuple(p + n for p, n in zip(self.prefix_lens, self.new_lens, strict=True))
+
+    @cached_property
+    def attn_mask(self) -> torch.Tensor | None:
+        """Bool [B, 1, Lq_max, Lk_max] (True = attend), or None when plain causal suffices."""
+        b = self.num_reqs
+        if b == 1 and self.prefix_lens[0] == 0:
+            return None
+        if self.max_new == 1 and len(set(self.kv_lens)) == 1:
+            return None
+        dev = self.tokens.device
+        lq, lk = self.max_new, self.kv_index.shape[1]
+        i = torch.arange(lq, device=dev).view(1, lq, 1)
+        j = torch.arange(lk, device=dev).view(1, 1, lk)
+        pre = torch.tensor(self.prefix_lens, device=dev).view(b, 1, 1)
+        new = torch.tensor(self.new_lens, device=dev).view(b, 1, 1)
+        mask = (j <= pre + i) & (i < new)
+        mask = mask | ((i >= new) & (j == 0))  # padded query rows: any finite row avoids NaN
+        return mask.unsqueeze(1)
+
+    def segment_plan(self, chunk_size: int) -> SegmentPlan:
+        """The (cached) scan segmentation for `chunk_size`; see SegmentPlan."""
+        plan = self._plans.get(chunk_size)
+        if plan is None:
+            plan = _build_plan(self, chunk_size)
+            self._plans[chunk_size] = plan
+        return plan
+
+
+def _build_plan(meta: BatchMeta, chunk: int) -> SegmentPlan:
+    caps: dict[int, list[tuple[int, int]]] = {}
+    for r, off, slot in zip(
+        meta.cap_req.tolist(), meta.cap_off.tolist(), meta.cap_slot.tolist(), strict=True
+    ):
+        caps.setdefault(r, []).append((off, slot))
+    segs: list[list[tuple[int, int]]] = []  # per request: (start offset, length)
+    cap_seg: dict[int, list[tuple[int, int]]] = {}
+    init_caps: list[tuple[int, int]] = []
+    for r, (pre, n) in enumerate(zip(meta.prefix_lens, meta.new_lens, strict=True)):
+        cuts = set(range((pre // chunk + 1) * chunk, pre + n, chunk))
+        cuts.add(pre + n)
+        for off, _ in caps.get(r, []):
+            if 0 < off < n:
+                cuts.add(pre + off)
+        bounds = sorted(cuts)
+        starts = [pre, *bounds[:-1]]
+        segs.append([(s - pre, e - s) for s, e in zip(starts, bounds, strict=True)])
+        end_to_seg = {e - pre: k for k, e in enumerate(bounds)}
+        for off, slot in caps.get(r, []):
+            if off == 0:
+                init_caps.append((r, slot))
+            else:
+                cap_seg.setdefault(end_to_seg[off], []).append((r, slot))
+    b, s_max, t = meta.num_reqs, max(len(s) for s in segs), meta.num_tokens
+    dev = meta.tokens.device
+    index = torch.full((b, s_max, chunk), t, dtype=torch.long)
+    starts_tok = [0, *torch.tensor(meta.new_lens).cumsum(0).tolist()]
+    ar = torch.arange(chunk)
+    for r, rsegs in enumerate(segs):
+        for k, (off, ln) in enumerate(rsegs):
+            index[r, k, :ln] = ar[:ln] + starts_tok[r] + off
+
+    def pair(items: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        req, slot = zip(*items, strict=True)
+        return torch.tensor(req, device=dev), torch.tensor(slot, device=dev)
+
+    return SegmentPlan(
+        index=index.to(dev),
+        capture_at={k: pair(v) for k, v in sorted(cap_seg.items())},
+        initial_captures=pair(init_caps) if init_caps else None,
+    )
+
+
+def build_batch_meta(requests: Sequence[SequenceInput], device: torch.device) -> BatchMeta:
+    """Validate `requests` and turn them into index tensors on `device`.
+
+    Raises ValueError for empty requests, kv slot lists shorter than the new tokens, capture
+    positions outside [prefix, prefix + new] or capture lists of mismatched length.
+    """
+    if not requests:
+        raise ValueError("empty batch")
+    toks: list[torch.Tensor] = []
+    new_slots: list[torch.Tensor] = []
+    kv_rows: list[torch.Tensor] = []
+    new_lens: list[int] = []
+    pre_lens: list[int] = []
+    cap_req: list[int] = []
+    cap_off: list[int] = []
+    cap_slot: list[int] = []
+    for r, req in enumerate(requests):
+        ids = torch.as_tensor(req.token_ids, dtype=torch.long).reshape(-1)
+        slots = torch.as_tensor(req.kv_slots, dtype=torch.long).reshape(-1)
+        n = int(ids.numel())
+        pre = int(slots.numel()) - n
+        if n == 0 or pre < 0:
+            raise ValueError(f"request {r}: {n} new tokens but {slots.numel()} kv slots")
+        if len(req.capture_positions) != len(req.capture_slots):
+            raise ValueError(f"request {r}: capture_positions and capture_slots differ in length")
+        for pos, slot in zip(req.capture_positions, req.capture_slots, strict=True):
+            if not pre <= pos <= pre + n:
+                raise ValueError(f"request {r}: capture at {pos} outside [{pre}, {pre + n}]")
+            cap_req.append(r)
+            cap_off.append(pos - pre)
+            cap_slot.append(int(slot))
+        toks.append(ids)
+        kv_rows.append(slots)
+        new_slots.append(slots[pre:])
+        new_lens.append(n)
+        pre_lens.append(pre)
+    lens_t = torch.tensor(new_lens)
+    tok_req = torch.repeat_interleave(torch.arange(len(requests)), lens_t)
+    starts = lens_t.cumsum(0) - lens_t
+    tok_off = torch.arange(int(lens_t.sum())) - starts[tok_req]
+    positions = tok_off + torch.tensor(pre_lens)[tok_req]
+    kv_index = torch.nn.utils.rnn.pad_sequence(kv_rows, batch_first=True, padding_value=0)
+
+    def dev_long(x: list[int] | torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(x, dtype=torch.long).to(device)
+
+    return BatchMeta(
+        tokens=torch.cat(toks).to(device),
+        positions=positions.to(device),
+        tok_req=tok_req.to(device),
+        tok_off=tok_off.to(device),
+        new_lens=tuple(new_lens),
+        prefix_lens=tuple(pre_lens),
+        new_kv_slots=torch.cat(new_slots).to(device),
+        kv_index=kv_index.to(device),
+        state_slots=dev_long([int(q.state_slot) for q in requests]),
+        fresh=torch.tensor([p == 0 for p in pre_lens], device=device),
+        cap_req=dev_long(cap_req),
+        cap_off=dev_long(cap_off),
+        cap_slot=dev_long(cap_slot),
+        last_index=(lens_t.cumsum(0) - 1).to(device),
+    )
