@@ -1,0 +1,151 @@
+"""Prefill / decode speed of our hybrid runtime vs `transformers` on the same weights.
+
+    python benchmark/bench_model.py --models tiny,150m --lengths 512,2048,8192 --threads 1,2
+
+Prints one markdown table (tokens/s, ms/token and our/transformers ratios) plus the cost of
+restoring a cached state against the prefill it saves. Weights are written once in HF format and
+loaded by both runtimes, so both see identical parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from marconi.models import ForwardBatch, HybridForCausalLM, SequenceInput, load_model
+from marconi.models.tiny import TINY_CONFIG, _tiny_weights, ensure_tiny, write_hf_folder
+
+_PATTERN_150M = "M-M-M-M-*-M-M-M-M-M-M-M-M-*-M-M-M-M-"
+
+
+def _folder(name: str, root: Path) -> Path:
+    if name == "tiny":
+        return ensure_tiny("tiny")
+    if name == "150m":
+        cfg = {
+            **TINY_CONFIG,
+            "hidden_size": 768,
+            "layers_block_type": [
+                {"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c]
+                for c in _PATTERN_150M
+            ],
+            "num_hidden_layers": len(_PATTERN_150M),
+            "num_attention_heads": 12,
+            "num_key_value_heads": 4,
+            "mamba_num_heads": 24,
+            "intermediate_size": 3072,
+            "chunk_size": 128,
+        }
+        return write_hf_folder(root / "150m", cfg, _tiny_weights(cfg, seed=0))
+    return Path(name)
+
+
+def _best(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _ours_prefill(model: HybridForCausalLM, ids: list[int]) -> Callable[[], Any]:
+    mem = model.allocate_memory(len(ids) + 1, 2)
+    return lambda: model(ForwardBatch((SequenceInput(ids, list(range(len(ids))), 0),)), mem)
+
+
+def _ours_decode(model: HybridForCausalLM, ids: list[int], steps: int) -> float:
+    mem = model.allocate_memory(len(ids) + steps + 1, 2)
+    n = len(ids)
+    tok = int(model(ForwardBatch((SequenceInput(ids, list(range(n)), 0),)), mem).logits[0].argmax())
+    t0 = time.perf_counter()
+    for i in range(steps):
+        req = SequenceInput([tok], list(range(n + i + 1)), 0)
+        tok = int(model(ForwardBatch((req,)), mem).logits[0].argmax())
+    return (time.perf_counter() - t0) / steps
+
+
+def _hf_decode(hf: Any, ids: list[int], steps: int) -> float:
+    x = torch.tensor([ids])
+    kw = {"do_sample": False, "pad_token_id": 258}
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+        t1 = time.perf_counter()
+        hf.generate(x, max_new_tokens=steps + 1, min_new_tokens=steps + 1, **kw)
+        t2 = time.perf_counter()
+    return ((t2 - t1) - (t1 - t0)) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,150m")
+    ap.add_argument("--lengths", default="512,2048,8192")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--decode-context", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    root = Path(tempfile.mkdtemp(prefix="marconi-bench-"))
+    rows = [
+        "| model | threads | metric | ours | transformers | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    g = torch.Generator().manual_seed(0)
+    for name in args.models.split(","):
+        folder = _folder(name, root)
+        ours = load_model(folder, device=dev)
+        params = sum(p.numel() for p in ours.parameters()) / 1e6
+        hf = None
+        if not args.no_hf:
+            from transformers import AutoModelForCausalLM
+
+            hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(dev).eval()
+        label = f"{name} ({params:.0f}M)"
+        for th in map(int, args.threads.split(",")):
+            torch.set_num_threads(th)
+            for length in map(int, args.lengths.split(",")):
+                ids = torch.randint(0, 256, (length,), generator=g).tolist()
+                run = _ours_prefill(ours, ids)
+                _ours_prefill(ours, ids[:64])()  # warm-up (first-call allocations)
+                t_ours = _best(lambda run=run: (run(), sync()), args.reps)
+                t_hf = float("nan")
+                if hf is not None:
+                    x = torch.tensor([ids], device=dev)
+                    with torch.no_grad():
+                        t_hf = _best(lambda x=x, m=hf: (m(x, use_cache=False), sync()), args.reps)
+                rows.append(
+                    f"| {label} | {th} | prefill {length} tok/s | {length / t_ours:,.0f} "
+                    f"| {length / t_hf:,.0f} | {t_hf / t_ours:.2f}x |"
+                )
+                print(rows[-1], flush=True)
+            ctx = torch.randint(0, 256, (args.decode_context,), generator=g).tolist()
+            d_ours = _ours_decode(ours, ctx, args.decode_steps)
+            d_hf = _hf_decode(hf, ctx, args.decode_steps) if hf is not None else float("nan")
+            rows.append(
+                f"| {label} | {th} | decode ms/token (ctx {args.decode_context}) "
+                f"| {d_ours * 1e3:.2f} | {d_hf * 1e3:.2f} | {d_hf / d_ours:.2f}x |"
+            )
+            print(rows[-1], flush=True)
+        # restoring a cached state (one slot copy) vs re-running the prefix it stands for
+        mem = ours.allocate_memory(2, 4)
+        t_copy = _best(lambda mem=mem: (mem.copy_state(0, 1), sync()), 20)
+        print(
+            f"{label}: state slot {mem.state_bytes_per_slot / 1e6:.2f} MB, restore "
+            f"{t_copy * 1e6:.0f} us (vs prefill times above)",
+            flush=True,
+        )
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
