@@ -1,0 +1,117 @@
+"""Engine configuration: one frozen dataclass, the single source of defaults for the CLI.
+
+``EngineConfig`` holds what the user asked for ("auto" allowed where noted); ``Engine`` resolves
+the "auto" values once, at construction, and never mutates the config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from marconi.cache.presets import PRESETS
+
+#: ``--prefix-cache`` choices: every cache preset, plus ``none`` (no reuse, same memory pools).
+NO_CACHE = "none"
+
+
+def prefix_cache_choices() -> list[str]:
+    return [*PRESETS, NO_CACHE]
+
+
+#: Weight of the FLOP-aware term when ``--alpha auto`` is asked but no online tuner is available.
+AUTO_ALPHA_FALLBACK = 1.0
+
+_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_memory(text: str | int | float, device: str = "cpu") -> int:
+    """Bytes from ``"2GB"``, ``"512MiB"``, ``"1e9"`` or a fraction of the device's memory
+    (``"0.25"``: a quarter of the RAM, or of the GPU's memory on CUDA). Raises ValueError."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        if m is None or m.group(2).upper() not in _UNITS:
+            raise ValueError(f"cannot parse memory size {text!r} (e.g. 2GB, 512MiB, 0.25)")
+        value, unit = float(m.group(1)), m.group(2).upper()
+    if unit == "" and 0 < value < 1:
+        return int(value * device_memory_bytes(device))
+    nbytes = int(value * _UNITS[unit])
+    if nbytes <= 0:
+        raise ValueError(f"memory size must be > 0, got {text!r}")
+    return nbytes
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of ``device``: the GPU's on CUDA, else physical RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def parse_alpha(text: str | float) -> float | None:
+    """``"auto"`` -> None (tuned online, or the preset's choice); else a float >= 0."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return None
+    alpha = float(text)
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    return alpha
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs; the server's flags are generated from these fields.
+
+    - ``model``: ``tiny`` / ``tiny-jamba`` (embedded, built on first use) or a local HF folder.
+    - ``prefix_cache``: a cache preset (``marconi.cache.presets``) or ``none``.
+    - ``cache_memory``: one byte budget for KV + SSM states, request working memory included
+      (``2GB``, ``512MiB``, or a fraction of the device's memory such as ``0.2``). The model's
+      KV and state tensors are allocated for exactly this many bytes.
+    - ``alpha``: FLOP-aware eviction weight: ``auto`` (online tuning when available) or a float.
+    - ``max_running_requests``: requests admitted at once (decode batch size bound).
+    - ``chunked_prefill_size``: prefill tokens per step over all requests (the token budget);
+      a longer prompt is prefilled in chunks across steps, interleaved with decodes.
+    - ``context_length``: longest prompt + completion; ``None`` = the model's
+      ``max_position_embeddings`` (8192 if absent).
+    - ``default_max_tokens``: completion length cap when a request gives none.
+    """
+
+    model: str = "tiny"
+    prefix_cache: str = "marconi"
+    cache_memory: str = "1GB"
+    alpha: str = "auto"
+    max_running_requests: int = 32
+    chunked_prefill_size: int = 512
+    context_length: int | None = None
+    default_max_tokens: int = 256
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    check_integrity: bool = field(default=False)  # deep cache check after every step (tests)
+
+    def __post_init__(self) -> None:
+        if self.prefix_cache not in prefix_cache_choices():
+            raise ValueError(
+                f"unknown prefix cache {self.prefix_cache!r}; "
+                f"choose one of {', '.join(prefix_cache_choices())}"
+            )
+        parse_alpha(self.alpha)
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.chunked_prefill_size < 1:
+            raise ValueError("chunked_prefill_size must be >= 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError("context_length must be >= 2")
+
+    @property
+    def cache_enabled(self) -> bool:
+        return self.prefix_cache != NO_CACHE
+
+    @property
+    def cache_bytes(self) -> int:
+        return parse_memory(self.cache_memory, self.device)

@@ -1,0 +1,245 @@
+"""``Engine``: model + prefix cache + scheduler, stepped synchronously.
+
+``step()`` is the whole control loop: schedule -> run -> postprocess. ``LLM`` (offline) calls it
+until every request is done; ``AsyncEngine`` (server) calls it from a background thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from marconi.cache.cost import cost_model_from_hf_config
+from marconi.cache.pools import MemoryBudget
+from marconi.cache.prefix_cache import CacheStats, PrefixCache
+from marconi.cache.presets import get_preset, preset_config
+from marconi.engine.cache_manager import CacheManager
+from marconi.engine.config import AUTO_ALPHA_FALLBACK, EngineConfig, parse_alpha
+from marconi.engine.request import Detokenizer, Req, SamplingParams, StepOutput
+from marconi.engine.runner import ModelRunner
+from marconi.engine.scheduler import Scheduler
+from marconi.models.loader import load_model, resolve_model_path
+from marconi.models.memory import HybridMemory
+from marconi.models.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from marconi.cache.node import SizeInfo
+
+log = logging.getLogger("marconi.engine")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RequestError(ValueError):
+    """A request the engine can never serve (prompt too long, empty, ...): a client error.
+    ``code`` is an OpenAI-style error code."""
+
+    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None):
+        super().__init__(message)
+        self.code, self.param = code, param
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A consistent snapshot (taken on the engine thread) for metrics and debugging."""
+
+    running: int
+    waiting: int
+    requests_finished: int
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    steps: int
+    size: SizeInfo
+    cache: CacheStats
+    kv_bytes_per_slot: int
+    state_bytes_per_slot: int
+    alpha: float | None
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def kv_bytes_in_use(self) -> int:
+        s = self.size
+        return (s.kv_total - s.kv_free) * self.kv_bytes_per_slot
+
+    @property
+    def state_bytes_in_use(self) -> int:
+        s = self.size
+        return (s.state_total - s.state_free) * self.state_bytes_per_slot
+
+
+class Engine:
+    """Serves generation requests for one model with one prefix cache (see ``EngineConfig``)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        path = resolve_model_path(config.model)
+        self.model_path = path
+        self.model = load_model(path, _DTYPES[config.dtype], config.device)
+        self.tokenizer = load_tokenizer(path)
+        hf = self.model.config.hf
+        self.context_length = config.context_length or int(
+            hf.get("max_position_embeddings") or 8192
+        )
+        self.cache, self.memory = self._build_cache(hf)
+        self.manager = CacheManager(self.cache, self.memory, enabled=config.cache_enabled)
+        self.runner = ModelRunner(self.model, self.memory, seed=config.seed)
+        self.scheduler = Scheduler(
+            self.manager, self.tokenizer, config.max_running_requests, config.chunked_prefill_size
+        )
+        self._ids = itertools.count()
+        self.requests_finished = self.prompt_tokens = self.cached_tokens = 0
+        self.generated_tokens = self.steps = 0
+
+    def _build_cache(self, hf: dict) -> tuple[PrefixCache, HybridMemory]:
+        """A cache whose byte accounting is the real tensors' and a memory with exactly as many
+        KV and state slots as the cache's pools."""
+        cfg = self.config
+        probe = self.model.allocate_memory(1, 1)
+        cost = dataclasses.replace(
+            cost_model_from_hf_config(hf, name=self.model_path.name),
+            kv_bytes_per_token=probe.kv_bytes_per_slot,
+            state_bytes=probe.state_bytes_per_slot,
+        )
+        name = cfg.prefix_cache if cfg.cache_enabled else "sglang+"
+        alpha = parse_alpha(cfg.alpha)
+        if alpha is None and get_preset(name).tune_alpha:
+            alpha = AUTO_ALPHA_FALLBACK  # no online tuner in the engine yet: a fixed weight
+        cache_cfg = preset_config(name, alpha=alpha)
+        cache = PrefixCache(cost, MemoryBudget.shared(cfg.cache_bytes), cache_cfg)
+        kv, st = cache.pools.kv, cache.pools.state
+        if kv is None or st is None:
+            raise NotImplementedError("the engine serves hybrid models (attention + SSM) only")
+        memory = self.model.allocate_memory(kv.num_slots * kv.page_size, st.num_slots)
+        st.storage = memory
+        return cache, memory
+
+    # ------------------------------------------------------------------ requests
+    def make_request(
+        self, prompt_ids: list[int] | np.ndarray, params: SamplingParams, rid: str | None = None
+    ) -> Req:
+        """Validate and build a request (does not queue it). Raises ``RequestError``."""
+        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        if len(ids) == 0:
+            raise RequestError("the prompt is empty", "empty_prompt", "prompt")
+        vocab = self.runner.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise RequestError(f"token ids must be in [0, {vocab})", "invalid_token", "prompt")
+        room = self.context_length - len(ids)
+        if room < 1:
+            raise RequestError(
+                f"this model's maximum context length is {self.context_length} tokens, "
+                f"but the prompt has {len(ids)} tokens",
+                "context_length_exceeded",
+                "messages",
+            )
+        max_new = params.max_tokens or min(self.config.default_max_tokens, room)
+        if max_new > room:
+            raise RequestError(
+                f"max_tokens ({max_new}) + prompt ({len(ids)} tokens) exceeds this model's "
+                f"maximum context length of {self.context_length} tokens",
+                "context_length_exceeded",
+                "max_tokens",
+            )
+        if not self.manager.fits_empty(len(ids) + max_new):
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_new}) does not fit in the cache "
+                f"memory ({self.config.cache_memory}); lower max_tokens or raise --cache-memory",
+                "context_length_exceeded",
+                "max_tokens",
+            )
+        req = Req(rid or f"req-{next(self._ids)}", ids, params, max_new_tokens=max_new)
+        req.detok = Detokenizer(self.tokenizer, params.stop)
+        return req
+
+    def add_request(self, req: Req) -> None:
+        self.scheduler.add(req)
+
+    def abort(self, rid: str) -> StepOutput | None:
+        return self.scheduler.abort(rid)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[StepOutput]:
+        """One iteration: schedule a batch, run the model on it, turn logits into tokens."""
+        batch, outs = self.scheduler.schedule()
+        if batch is not None:
+            t0 = time.perf_counter()
+            logits = self.runner.forward(batch.inputs)
+            picked = [r for r, s in zip(batch.reqs, batch.samples, strict=True) if s]
+            rows = [i for i, s in enumerate(batch.samples) if s]
+            sampled = iter(self.runner.sample(logits[rows], picked))
+            tokens = [next(sampled) if s else None for s in batch.samples]
+            outs += self.scheduler.postprocess(batch, tokens)
+            self.steps += 1
+            log.debug(
+                "step %d: %d reqs, %d tokens, %.1f ms",
+                self.steps,
+                len(batch.reqs),
+                batch.num_tokens,
+                1e3 * (time.perf_counter() - t0),
+            )
+        for out in outs:
+            self._account(out)
+        if self.config.check_integrity:
+            self.manager.check_integrity(idle=not self.has_unfinished())
+        return outs
+
+    def _account(self, out: StepOutput) -> None:
+        self.generated_tokens += len(out.token_ids)
+        if out.finished:
+            self.requests_finished += 1
+            self.prompt_tokens += out.prompt_tokens
+            self.cached_tokens += out.cached_tokens
+            log.debug(
+                "%s finished (%s): %d prompt, %d cached, %d completion tokens",
+                out.rid,
+                out.finish_reason,
+                out.prompt_tokens,
+                out.cached_tokens,
+                out.completion_tokens,
+            )
+
+    # ------------------------------------------------------------------ inspection
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            requests_finished=self.requests_finished,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            generated_tokens=self.generated_tokens,
+            steps=self.steps,
+            size=self.manager.size_info(),
+            cache=dataclasses.replace(self.cache.stats),
+            kv_bytes_per_slot=self.cache.pools.kv.slot_bytes if self.cache.pools.kv else 0,
+            state_bytes_per_slot=self.cache.cost.state_bytes,
+            alpha=self.cache.alpha,
+        )
+
+    def check_integrity(self) -> None:
+        """Deep cache check; when no request is in flight, also that every slot is back."""
+        self.manager.check_integrity(idle=not self.has_unfinished())
+
+    def describe(self) -> str:
+        """One line: model, cache policy and size."""
+        kv, st = self.cache.pools.kv, self.cache.pools.state
+        assert kv is not None and st is not None
+        return (
+            f"model {self.config.model} ({self.model.config.architecture}), prefix cache "
+            f"{self.config.prefix_cache}, {self.config.cache_bytes / 2**30:.2f} GiB "
+            f"(up to {kv.num_slots * kv.page_size} KV tokens or {st.num_slots} states), "
+            f"context {self.context_length}"
+        )

@@ -1,0 +1,73 @@
+"""Model runner: one scheduled batch -> one forward pass -> one sampled token per request.
+
+The runner sees neither the cache nor the scheduler's queues: it gets ``SequenceInput``s (slots
+already chosen by the cache manager) and the requests' sampling parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from marconi.models.batch import ForwardBatch, SequenceInput
+
+if TYPE_CHECKING:
+    from marconi.engine.request import Req
+    from marconi.models.hybrid import HybridForCausalLM
+    from marconi.models.memory import HybridMemory
+
+
+class ModelRunner:
+    """Owns the model and its ``HybridMemory`` (the tensors behind the cache's slot ids)."""
+
+    def __init__(self, model: HybridForCausalLM, memory: HybridMemory, seed: int = 0) -> None:
+        self.model = model
+        self.memory = memory
+        self.vocab_size = model.config.vocab_size
+        self._seed = seed
+
+    def forward(self, inputs: Sequence[SequenceInput]) -> torch.Tensor:
+        """Last-token logits [B, vocab] (fp32) of each input, in order."""
+        return self.model(ForwardBatch(tuple(inputs)), self.memory).logits
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[int]:
+        """One token per row of ``logits`` under each request's sampling parameters."""
+        out: list[int] = []
+        greedy = logits.argmax(dim=-1).tolist()
+        for row, req, g in zip(logits, reqs, greedy, strict=True):
+            p = req.params
+            if p.greedy and not p.logit_bias:
+                out.append(int(g))
+                continue
+            row = row.clone()
+            for tok, bias in p.logit_bias:
+                if 0 <= tok < row.numel():
+                    row[tok] += bias
+            if p.greedy:
+                out.append(int(row.argmax()))
+                continue
+            out.append(self._sample_row(row / p.temperature, p.top_p, self._generator(req)))
+        return out
+
+    def _generator(self, req: Req) -> torch.Generator:
+        if req.generator is None:
+            gen = torch.Generator(device="cpu")
+            seed = req.params.seed
+            if seed is None:
+                self._seed += 1
+                seed = self._seed
+            gen.manual_seed(seed)
+            req.generator = gen
+        assert isinstance(req.generator, torch.Generator)
+        return req.generator
+
+    @staticmethod
+    def _sample_row(row: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
+        probs = torch.softmax(row.float().cpu(), dim=-1)
+        if top_p < 1.0:
+            sorted_p, idx = probs.sort(descending=True)
+            keep = sorted_p.cumsum(0) - sorted_p < top_p  # always keeps the top token
+            probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
+        return int(torch.multinomial(probs, 1, generator=gen))

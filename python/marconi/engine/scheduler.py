@@ -1,0 +1,173 @@
+"""The scheduler: which requests run in the next forward pass, and what their results mean.
+
+Continuous batching: every step runs one decode token for each running request whose prefill is
+done, plus prefill chunks under a token budget (``chunked_prefill_size``): first the requests
+already mid-prefill, then new requests admitted first-come first-served while the budget, the
+running-request cap and memory allow. Admission reserves all the KV a request can need, so a
+running request never runs short and nothing is ever preempted; a request that does not fit
+waits until others finish (their memory goes back to the cache, which evicts as needed).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from marconi.engine.request import Status, StepOutput
+from marconi.models.batch import SequenceInput
+
+if TYPE_CHECKING:
+    from marconi.engine.cache_manager import CacheManager
+    from marconi.engine.request import Req
+    from marconi.models.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """One forward pass: ``inputs[i]`` runs for ``reqs[i]``; ``fed_after[i]`` is the request's
+    ``fed`` once it ran; ``samples[i]`` whether its logits pick a token (decode or last chunk)."""
+
+    reqs: tuple[Req, ...]
+    inputs: tuple[SequenceInput, ...]
+    fed_after: tuple[int, ...]
+    samples: tuple[bool, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(i.token_ids) for i in self.inputs)
+
+
+class Scheduler:
+    """Owns the waiting queue and the running set; talks to memory only via ``CacheManager``."""
+
+    def __init__(
+        self,
+        cache: CacheManager,
+        tokenizer: Tokenizer,
+        max_running: int,
+        prefill_budget: int,
+    ) -> None:
+        self.cache = cache
+        self.tokenizer = tokenizer
+        self.max_running = max_running
+        self.prefill_budget = prefill_budget
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+
+    # ------------------------------------------------------------------ queue
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> StepOutput | None:
+        """Drop a request wherever it is and free what it holds; None if unknown or done."""
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                return self._end(req, "abort")
+        for req in self.running:
+            if req.rid == rid:
+                assert req.handle is not None
+                self.cache.abort(req.handle)
+                self.running.remove(req)
+                return self._end(req, "abort")
+        return None
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> tuple[ScheduledBatch | None, list[StepOutput]]:
+        """The next batch (None when idle), and requests failed at admission."""
+        items: list[tuple[Req, SequenceInput, int, bool]] = []
+        failed: list[StepOutput] = []
+        for req in self.running:
+            if not req.prefilling:
+                items.append(self._decode(req))
+        budget = self.prefill_budget
+        for req in self.running:
+            if req.prefilling and budget > 0:
+                budget -= self._prefill(req, budget, items)
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            max_fed = req.prompt_len + req.max_new_tokens - 1
+            handle = self.cache.admit(req.prompt_ids, max_fed)
+            if handle is None:
+                if not self.running:  # cannot happen for validated requests; never spin
+                    self.waiting.popleft()
+                    failed.append(self._end(req, "error"))
+                    continue
+                break  # wait for running requests to give memory back
+            self.waiting.popleft()
+            req.handle, req.status = handle, Status.RUNNING
+            req.fed = req.cached_tokens = handle.prefix_len
+            self.running.append(req)
+            budget -= self._prefill(req, budget, items)
+        if not items:
+            return None, failed
+        reqs, inputs, fed_after, samples = zip(*items, strict=True)
+        return ScheduledBatch(reqs, inputs, fed_after, samples), failed
+
+    def _decode(self, req: Req) -> tuple[Req, SequenceInput, int, bool]:
+        handle = req.handle
+        assert handle is not None
+        self.cache.before_decode(handle, req.fed)
+        slots = self.cache.token_slots(handle, 0, req.fed + 1)
+        return req, SequenceInput([req.output_ids[-1]], slots, handle.working), req.fed + 1, True
+
+    def _prefill(self, req: Req, budget: int, items: list) -> int:
+        """Append the request's next prefill chunk (at most ``budget`` tokens); returns its size."""
+        handle = req.handle
+        assert handle is not None
+        end = min(req.prompt_len, req.fed + budget)
+        caps = sorted(self.cache.prefill_captures(handle, req.fed, end).items())
+        inp = SequenceInput(
+            req.prompt_ids[req.fed : end],
+            self.cache.token_slots(handle, 0, end),
+            handle.working,
+            tuple(p for p, _ in caps),
+            tuple(s for _, s in caps),
+        )
+        items.append((req, inp, end, end == req.prompt_len))
+        return end - req.fed
+
+    # ------------------------------------------------------------------ results
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[StepOutput]:
+        """Advance each request by its share of the batch; ``tokens[i]`` is the sampled token of
+        item ``i`` (None where it samples nothing). Finished requests give their memory back."""
+        outs: list[StepOutput] = []
+        for req, fed, tok in zip(batch.reqs, batch.fed_after, tokens, strict=True):
+            if req.status is not Status.RUNNING:
+                continue
+            req.fed = fed
+            if tok is None:
+                continue
+            req.output_ids.append(tok)
+            reason = self._stop_reason(req, tok)
+            assert req.detok is not None
+            text = req.detok.update(req.output_ids, final=reason is not None)
+            if req.detok.stopped:
+                reason = "stop"
+            if reason is None:
+                outs.append(req.output((tok,), text))
+                continue
+            assert req.handle is not None
+            self.cache.finish(req.handle, req.fed_tokens())
+            self.running.remove(req)
+            req.status, req.finish_reason, req.handle = Status.FINISHED, reason, None
+            outs.append(req.output((tok,), text))
+        return outs
+
+    def _stop_reason(self, req: Req, tok: int) -> str | None:
+        p = req.params
+        if tok in p.stop_token_ids:
+            return "stop"
+        if not p.ignore_eos and tok == self.tokenizer.eos_token_id:
+            return "stop"
+        if len(req.output_ids) >= req.max_new_tokens:
+            return "length"
+        return None
+
+    def _end(self, req: Req, reason: str) -> StepOutput:
+        req.status, req.finish_reason, req.handle = Status.FINISHED, reason, None
+        return req.output((), "")

@@ -1,0 +1,167 @@
+"""Engine tests on the embedded tiny model: cache hits never change greedy outputs; memory is
+always given back (integrity + every slot free of requests after each test)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from marconi.engine import LLM, RequestError, SamplingParams
+
+torch.set_num_threads(1)
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
+SYSTEM = list(b"<|system|>\nYou are a terse assistant that answers in one line.\n<|user|>\n")
+
+
+def user(text: str) -> list[int]:
+    return list(f"{text}\n<|assistant|>\n".encode())
+
+
+@pytest.fixture(scope="module")
+def engines() -> dict[str, LLM]:
+    return {
+        "none": LLM("tiny", "none", cache_memory="64MB"),
+        "marconi": LLM("tiny", "marconi", cache_memory="64MB", chunked_prefill_size=48),
+        "vllm+": LLM("tiny", "vllm+", cache_memory="64MB", chunked_prefill_size=40),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _all_memory_back(engines: dict[str, LLM]):
+    yield
+    for llm in engines.values():
+        assert not llm.engine.has_unfinished()
+        llm.check_integrity()  # deep check + nothing in flight or locked
+
+
+def replay(llm: LLM, rounds: list[list[tuple[str, str]]]) -> dict[tuple[str, int], tuple]:
+    """Multi-turn chat replay on token ids: each round runs one turn of several sessions
+    together; a session's next prompt is its last prompt + reply + a new user message."""
+    history: dict[str, list[int]] = {}
+    turn: dict[str, int] = {}
+    results = {}
+    for rnd in rounds:
+        prompts = []
+        for sid, text in rnd:
+            prev = history.get(sid, SYSTEM)
+            prompts.append(
+                prev + ([] if sid not in history else list(b"\n<|user|>\n")) + user(text)
+            )
+        outs = llm.generate(prompts, GREEDY)
+        for (sid, _), prompt, out in zip(rnd, prompts, outs, strict=True):
+            history[sid] = prompt + list(out.token_ids)
+            turn[sid] = turn.get(sid, 0) + 1
+            results[sid, turn[sid]] = (tuple(prompt), out.token_ids, out.cached_tokens)
+    return results
+
+
+ROUNDS = [
+    [("a", "Name a colour.")],
+    [("a", "Another one?"), ("b", "What is two plus two?")],
+    [("a", "And a third?"), ("b", "Why?"), ("c", "Hello!")],
+    [("c", "Tell me more, at length, about anything you like."), ("d", "Zebra facts?")],
+]
+
+
+def common_prefix(a: tuple, b: tuple) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_greedy_outputs_identical_with_and_without_prefix_cache(engines: dict[str, LLM]) -> None:
+    ref = replay(engines["none"], ROUNDS)
+    assert all(cached == 0 for _, _, cached in ref.values())
+    for name in ("marconi", "vllm+"):
+        got = replay(engines[name], ROUNDS)
+        assert {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in ref.items()}, name
+    got = replay(engines["marconi"], [[("x", "warm")]])  # reuse the tree of the replay above
+    assert got["x", 1][2] > 0
+
+
+def test_marconi_hits_branch_points_and_continuations(engines: dict[str, LLM]) -> None:
+    llm = LLM("tiny", "marconi", cache_memory="64MB", chunked_prefill_size=48)
+    res = replay(llm, ROUNDS)
+    # continuation: the state after the last decoded token of the previous turn
+    for sid, t in (("a", 2), ("a", 3), ("b", 2), ("c", 2)):
+        prev_prompt, prev_out, _ = res[sid, t - 1]
+        assert res[sid, t][2] == len(prev_prompt) + len(prev_out) - 1, (sid, t)
+    # branch point: b's first prompt split a's edge at the shared system prompt; c and d hit it
+    shared = common_prefix(res["a", 1][0], res["b", 1][0])
+    assert shared >= len(SYSTEM)
+    assert res["b", 1][2] == 0
+    assert res["c", 1][2] == shared
+    assert res["d", 1][2] == shared
+    assert llm.engine.cache.stats.states_admitted > 0
+    llm.check_integrity()
+
+
+def test_eviction_under_memory_pressure_keeps_outputs_and_accounting(
+    engines: dict[str, LLM],
+) -> None:
+    small = LLM("tiny", "marconi", cache_memory="16MB", check_integrity=True)
+    prompts = [SYSTEM + user(f"question number {i} " * (1 + i % 3)) for i in range(10)]
+    got = small.generate(prompts, GREEDY)
+    ref = engines["none"].generate(prompts, GREEDY)
+    assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+    assert small.engine.cache.stats.evicted_states > 0
+    small.check_integrity()
+
+
+def test_abort_frees_running_and_waiting_requests(engines: dict[str, LLM]) -> None:
+    eng = engines["marconi"].engine
+    reqs = [
+        eng.make_request(SYSTEM + user("x" * 100 * (i + 1)), SamplingParams(max_tokens=50))
+        for i in range(3)
+    ]
+    for r in reqs:
+        eng.add_request(r)
+    eng.step()
+    eng.step()
+    assert eng.scheduler.running
+    for r in reqs:
+        out = eng.abort(r.rid)
+        assert out is not None and out.finished and out.finish_reason == "abort"
+    assert eng.abort(reqs[0].rid) is None
+    assert not eng.has_unfinished()
+
+
+def test_stop_strings_eos_and_seeded_sampling(engines: dict[str, LLM]) -> None:
+    llm = engines["marconi"]
+    prompt = SYSTEM + user("Count.")
+    free = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    # stop string = a piece of the greedy text: the completion ends right before it
+    text = free.text
+    if len(text) >= 3:
+        stop = text[1:3]
+        cut = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, stop=(stop,)))
+        assert cut[0].finish_reason == "stop" and cut[0].text == text[: text.find(stop)]
+    eos = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(free.token_ids[2],))
+    assert (
+        llm.generate([prompt], eos)[0].token_ids
+        == free.token_ids[: free.token_ids.index(free.token_ids[2]) + 1]
+    )
+    seeded = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=7)
+    a, b = llm.generate([prompt, prompt], seeded)
+    assert a.token_ids == b.token_ids
+    banned = SamplingParams(
+        max_tokens=8, temperature=1.0, logit_bias=tuple((t, -100.0) for t in range(128, 260))
+    )
+    assert all(t < 128 for t in llm.generate([prompt], banned)[0].token_ids)
+
+
+def test_invalid_requests_are_rejected_before_queueing(engines: dict[str, LLM]) -> None:
+    eng = engines["none"].engine
+    with pytest.raises(RequestError, match="empty"):
+        eng.make_request([], SamplingParams())
+    with pytest.raises(RequestError) as e:
+        eng.make_request(np.zeros(eng.context_length, dtype=np.int64), SamplingParams())
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(RequestError, match="cache memory"):
+        eng.make_request([1, 2, 3], SamplingParams(max_tokens=60_000))
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=0)
+    assert not eng.has_unfinished()
