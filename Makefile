@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 TRACES ?= ../shared/traces
 
-.PHONY: install test lint sim bench-sim clean
+.PHONY: install test lint sim bench-sim serve clean
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ lint: install
 # Main job until the server lands: a policy sweep on a shipped real trace.
 sim: install
 	$(VENV)/bin/marconi-sim sweep --trace mooncake --model paper-7b --out results/sweep
+
+# The OpenAI-compatible server on the embedded default model (http://127.0.0.1:30000/v1).
+serve: install
+	$(PY) -m marconi.launch_server --model tiny --prefix-cache marconi
 
 bench-sim: install
 	$(PY) benchmark/bench_sim.py --out docs/results.md
