@@ -80,7 +80,14 @@ class CacheManager:
     def fits_empty(self, num_tokens: int) -> bool:
         """Whether a request feeding ``num_tokens`` tokens fits in an empty cache (KV + working
         slot); requests that do not can never run."""
-        return self.cache.pools.can_alloc(self.pages_for(num_tokens), 1)
+        kv, st = self.cache.pools.kv, self.cache.pools.state
+        assert kv is not None and st is not None
+        pages = self.pages_for(num_tokens)
+        if pages > kv.num_slots or st.num_slots < 1:
+            return False
+        if kv.meter is st.meter:
+            return pages * kv.slot_bytes + st.slot_bytes <= kv.meter.capacity
+        return pages * kv.slot_bytes <= kv.meter.capacity
 
     # ------------------------------------------------------------------ protocol
     def admit(self, tokens: np.ndarray, max_fed: int) -> CacheHandle | None:

@@ -163,14 +163,20 @@ async def _collect(
 ) -> Response:
     text: list[str] = []
     timer = _Timer(ctx.metrics, start)
+    next_check = time.perf_counter() + _POLL_S
     while True:
         try:
-            out: StepOutput = await asyncio.wait_for(queue.get(), _POLL_S)
+            out: StepOutput | None = await asyncio.wait_for(queue.get(), _POLL_S)
         except TimeoutError:
+            out = None
+        if time.perf_counter() >= next_check:  # tokens may keep coming: check by the clock
+            next_check = time.perf_counter() + _POLL_S
             if await request.is_disconnected():
                 ctx.engine.abort(req.rid)
                 ctx.metrics.finished("abort", None)
+                log.debug("%s: client went away; aborted", req.rid)
                 return Response(status_code=499)
+        if out is None:
             continue
         timer.token(out)
         text.append(out.text)
