@@ -199,6 +199,15 @@ class CostModel:
         Additive: ``prefill_flops(e) == prefill_flops(s) + prefill_flops(e, s)``. ``end`` and
         ``start`` may be numpy arrays (broadcast); scalars give a float.
         """
+        if isinstance(end, int | float) and isinstance(start, int | float):  # the hot path
+            if start < 0 or end < start:
+                raise ValueError("need 0 <= start <= end")
+            w = float(self.attention_width)
+            if self.causal_attention:
+                q = 2.0 * w * (end * (end + 1.0) - start * (start + 1.0))
+            else:
+                q = 4.0 * w * (float(end) * end - float(start) * start)
+            return float(self.flops_per_token) * (end - start) + q
         e = np.asarray(end, dtype=np.float64)
         s = np.asarray(start, dtype=np.float64)
         if np.any(s < 0) or np.any(e < s):

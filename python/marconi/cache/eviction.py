@@ -44,6 +44,8 @@ class EvictionPolicy(ABC):
     single_child: ClassVar[bool] = False
     #: whether priorities depend on the candidate set (then the index refits once per epoch)
     needs_fit: ClassVar[bool] = False
+    #: whether ``priority`` reads bytes and FLOPs (else only ``last_access`` is filled in)
+    needs_cost: ClassVar[bool] = True
 
     def fit(self, infos: Sequence[CandidateInfo]) -> None:  # noqa: B027 - optional hook
         """Refit normalisers over the current candidates (called once per epoch)."""
@@ -60,6 +62,7 @@ class LRU(EvictionPolicy):
     """Least recently used leaf first (the SGLang+ baseline of the paper)."""
 
     name = "lru"
+    needs_cost = False
 
     def priority(self, info: CandidateInfo) -> float:
         return float(info.last_access)
@@ -112,7 +115,10 @@ class EvictionIndex:
         """Invalidate ``node``'s entries and push a fresh one if it is a candidate now."""
         node.version += 1
         if self.tree.is_candidate(node, self.policy.single_child):
-            prio = self.policy.priority(self.info(node))
+            info = (
+                self.info(node) if self.policy.needs_cost else CandidateInfo(node.last_access, 0, 0)
+            )
+            prio = self.policy.priority(info)
             heapq.heappush(self._heap, (prio, next(self._seq), node.version, node))
             if len(self._heap) > 4 * len(self.tree.nodes) + 1024:
                 self.rebuild()

@@ -84,12 +84,10 @@ def _check_slot_ids(cache: PrefixCache) -> None:
     if pools.kv is not None:
         held = [n.kv for n in tree.iter_nodes() if n.kv is not None and len(n.kv)]
         cached = np.concatenate(held) if held else np.empty(0, dtype=np.int64)
-        free = pools.kv.free_slot_ids()
         _require(len(np.unique(cached)) == len(cached), "a KV slot is cached twice")
-        _require(len(np.unique(free)) == len(free), "a KV slot is free twice")
-        _require(not np.intersect1d(cached, free).size, "a KV slot is both cached and free")
+        _require(not pools.kv.count_free_among(cached), "a KV slot is both cached and free")
     if pools.state is not None:
         states = [n.state for n in tree.iter_nodes() if n.state is not None]
         _require(len(set(states)) == len(states), "a state slot is cached twice")
-        free_st = set(pools.state.free_slot_ids().tolist())
-        _require(not free_st.intersection(states), "a state slot is both cached and free")
+        in_use = np.array(states, dtype=np.int64)
+        _require(not pools.state.count_free_among(in_use), "a state slot is both cached and free")

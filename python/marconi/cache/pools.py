@@ -113,10 +113,14 @@ class SlotPool:
         self._num_recycled = need
         self.meter.release(n * self.slot_bytes)
 
-    def free_slot_ids(self) -> np.ndarray:
-        """All free slot ids (for integrity checks in tests; O(num_slots))."""
-        fresh = np.arange(self._next_fresh, self.num_slots, dtype=SLOT_DTYPE)
-        return np.concatenate([self._recycled[: self._num_recycled], fresh])
+    def count_free_among(self, slots: np.ndarray) -> int:
+        """How many of ``slots`` are free (integrity checks; O(len(slots) + recycled))."""
+        slots = np.asarray(slots, dtype=SLOT_DTYPE)
+        recycled = self._recycled[: self._num_recycled]
+        if len(np.unique(recycled)) != len(recycled):
+            raise AssertionError(f"{self.name}: a slot is free twice")
+        fresh = slots >= self._next_fresh
+        return int(fresh.sum() + np.isin(slots[~fresh], recycled).sum())
 
 
 class KVPool(SlotPool):

@@ -150,6 +150,22 @@ class PrefixCache:
         self.states_in_flight += 1
         return slot
 
+    def alloc_states(self, n: int) -> list[int]:
+        """Up to ``n`` state slots in one eviction round: fewer (possibly none) if the budget
+        cannot hold ``n`` even after evicting every unlocked entry."""
+        if n <= 0:
+            return []
+        if self.pools.state is None:
+            raise RuntimeError("this model has no SSM layers: there is no state pool")
+        if not self.evict(state_slots=n).fits:
+            self.stats.alloc_failures += 1
+            while n and not self.pools.can_alloc(0, n):
+                n -= 1
+        slots = self.pools.state.alloc(n)
+        assert slots is not None
+        self.states_in_flight += n
+        return slots.tolist()
+
     def free_kv(self, slots: np.ndarray) -> None:
         """Give back request-held KV slots that will not be inserted."""
         if len(slots):
@@ -278,3 +294,60 @@ class PrefixCache:
         from marconi.cache.integrity import check_cache
 
         check_cache(self, deep=deep)
+
+
+def clone_cache(cache: PrefixCache) -> PrefixCache:
+    """An independent copy of ``cache`` (tree, pools, policies, counters) for what-if replays
+    (alpha tuning). Iterative, so deep trees do not hit the recursion limit. The copy has no
+    state storage: it accounts bytes only. Locks are copied as they are."""
+    import copy
+
+    new = copy.copy(cache)
+    new.pools = copy.deepcopy(cache.pools._replace(state=None, kv=None))
+    meters = {id(m): c for m, c in zip(cache.pools.meters, new.pools.meters, strict=True)}
+    kv = st = None
+    if cache.pools.kv is not None:
+        kv = copy.copy(cache.pools.kv)
+        kv._recycled = cache.pools.kv._recycled.copy()
+        kv.meter = meters[id(cache.pools.kv.meter)]
+    if cache.pools.state is not None:
+        st = copy.copy(cache.pools.state)
+        st._recycled = cache.pools.state._recycled.copy()
+        st.meter = meters[id(cache.pools.state.meter)]
+        st.storage = None
+    new.pools = new.pools._replace(kv=kv, state=st)
+    new.eviction = copy.deepcopy(cache.eviction)
+    new.stats = copy.copy(cache.stats)
+    tree = copy.copy(cache.tree)
+    tree.pools = new.pools
+    tree.root = _clone_subtree(cache.tree.root)
+    tree.nodes = {}
+    stack = list(tree.root.children.values())
+    while stack:
+        n = stack.pop()
+        tree.nodes[n.id] = n
+        stack.extend(n.children.values())
+    new.tree = tree
+    new.index = EvictionIndex(tree, new.eviction, new._candidate_info)
+    tree.on_change = new.index.changed
+    new.index.rebuild()
+    return new
+
+
+def _clone_subtree(root: Node) -> Node:
+    """Copy a subtree node by node (keys/KV arrays are shared: edges are never written in place,
+    only replaced)."""
+    import copy
+
+    new_root = copy.copy(root)
+    new_root.children = {}
+    stack = [(root, new_root)]
+    while stack:
+        old, new = stack.pop()
+        for key, child in old.children.items():
+            c = copy.copy(child)
+            c.children = {}
+            c.parent = new
+            new.children[key] = c
+            stack.append((child, c))
+    return new_root

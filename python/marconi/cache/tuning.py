@@ -1,0 +1,189 @@
+"""Alpha tuning for FLOP-aware eviction: what-if replays of recent requests on cache snapshots.
+
+Both tuners are fed every request before it is served (``observe``) and replay windows of
+requests through clones of the cache with each alpha of a grid, using an injected ``replay``
+function (the simulator's, or an engine's token-only replay), so this module depends on nothing
+above the cache core.
+
+- ``PaperTuner`` (the paper's method, our baseline): alpha = 0 until the first eviction; then
+  snapshot the cache, record the next 5x as many requests as were seen so far, replay that window
+  for every alpha (in parallel processes) and keep the best alpha for good.
+- ``WindowTuner`` (ours): the same what-if replays, but on consecutive windows for as long as the
+  cache runs, with scores accumulated under exponential decay and a switch only when another alpha
+  wins by a margin. It keeps adapting when the workload shifts, and a noisy window cannot move it
+  far from LRU-like behaviour unless the evidence is consistent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from marconi.cache.prefix_cache import PrefixCache, clone_cache
+from marconi.registry import Registry
+
+#: replay(cache_clone, requests) -> score (higher is better; the simulator returns hit tokens)
+ReplayFn = Callable[[PrefixCache, Sequence[Any]], float]
+
+DEFAULT_GRID = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+_JOB: tuple[PrefixCache, Sequence[Any], ReplayFn] | None = None  # inherited by forked workers
+
+
+def _score_one(alpha: float) -> float:
+    assert _JOB is not None
+    snapshot, window, replay = _JOB
+    trial = clone_cache(snapshot)
+    trial.set_alpha(alpha)
+    return float(replay(trial, window))
+
+
+def evaluate_grid(
+    snapshot: PrefixCache,
+    window: Sequence[Any],
+    grid: Sequence[float],
+    replay: ReplayFn,
+    workers: int = 0,
+) -> list[float]:
+    """Score of replaying ``window`` from ``snapshot`` for each alpha of ``grid``. Runs in forked
+    worker processes when ``workers > 1`` (the snapshot is shared copy-on-write, never pickled)."""
+    global _JOB
+    _JOB = (snapshot, window, replay)
+    try:
+        workers = workers or min(len(grid), os.cpu_count() or 1)
+        if workers <= 1 or len(window) < 32 or "fork" not in mp.get_all_start_methods():
+            return [_score_one(a) for a in grid]
+        ctx = mp.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            return list(pool.map(_score_one, grid))
+    finally:
+        _JOB = None
+
+
+class AlphaTuner(ABC):
+    """Chooses the FLOP-aware alpha of ``cache`` online. Contract: ``observe`` is called once per
+    request, before it is served; it may change ``cache``'s alpha and nothing else."""
+
+    name: str
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        replay: ReplayFn,
+        grid: Sequence[float] = DEFAULT_GRID,
+        workers: int = 0,
+    ) -> None:
+        if cache.alpha is None:
+            raise ValueError("alpha tuning needs the flop-aware eviction policy")
+        self.cache = cache
+        self.replay = replay
+        self.grid = tuple(grid)
+        self.workers = workers
+        self.history: list[tuple[int, float]] = [(0, float(cache.alpha))]
+        self.tuning_s = 0.0
+        self.seen = 0
+
+    def _evicted(self) -> bool:
+        s = self.cache.stats
+        return bool(s.evicted_nodes or s.evicted_states)
+
+    def _scores(self, snapshot: PrefixCache, window: Sequence[Any]) -> list[float]:
+        t = time.perf_counter()
+        scores = evaluate_grid(snapshot, window, self.grid, self.replay, self.workers)
+        self.tuning_s += time.perf_counter() - t
+        return scores
+
+    def _set(self, alpha: float) -> None:
+        if alpha != self.cache.alpha:
+            self.cache.set_alpha(alpha)
+            self.history.append((self.seen, alpha))
+
+    @abstractmethod
+    def observe(self, request: Any) -> None: ...
+
+
+TUNERS: Registry[AlphaTuner] = Registry("alpha tuner")
+
+
+@TUNERS.register("paper")
+class PaperTuner(AlphaTuner):
+    """The paper's bootstrap: tune once, on a window of 5x the requests before the first
+    eviction, then keep that alpha."""
+
+    name = "paper"
+
+    def __init__(self, *args: Any, window_factor: int = 5, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.window_factor = window_factor
+        self._snapshot: PrefixCache | None = None
+        self._window: list[Any] = []
+        self._target = 0
+        self.done = False
+
+    def observe(self, request: Any) -> None:
+        self.seen += 1
+        if self.done:
+            return
+        if self._snapshot is None:
+            if self._evicted():
+                self._snapshot = clone_cache(self.cache)
+                self._target = self.window_factor * (self.seen - 1)
+            else:
+                return
+        self._window.append(request)
+        if len(self._window) >= max(self._target, 1):
+            scores = self._scores(self._snapshot, self._window)
+            self._set(self.grid[max(range(len(scores)), key=lambda i: (scores[i], -i))])
+            self._snapshot, self._window, self.done = None, [], True
+
+
+@TUNERS.register("window")
+class WindowTuner(AlphaTuner):
+    """Ours: what-if replays on every window of ``window`` requests after the first eviction,
+    scores decayed by ``decay`` per window, switching when another alpha's decayed score beats
+    the current one's by ``margin`` (a fraction of the current score)."""
+
+    name = "window"
+
+    def __init__(
+        self,
+        *args: Any,
+        window: int | None = None,
+        min_window: int = 64,
+        max_window: int = 1000,
+        decay: float = 0.5,
+        margin: float = 0.002,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.window = window
+        self.min_window, self.max_window = min_window, max_window
+        self.decay, self.margin = decay, margin
+        self.totals = [0.0] * len(self.grid)
+        self._snapshot: PrefixCache | None = None
+        self._pending: list[Any] = []
+
+    def observe(self, request: Any) -> None:
+        self.seen += 1
+        if self._snapshot is None:
+            if not self._evicted():
+                return
+            if self.window is None:  # as long as the warm-up, within bounds
+                self.window = min(max(self.seen - 1, self.min_window), self.max_window)
+        elif len(self._pending) >= (self.window or self.min_window):
+            scores = self._scores(self._snapshot, self._pending)
+            self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
+            cur = self.grid.index(self.cache.alpha) if self.cache.alpha in self.grid else 0
+            best = max(range(len(self.grid)), key=lambda i: (self.totals[i], -i))
+            if self.totals[best] > self.totals[cur] * (1 + self.margin):
+                self._set(self.grid[best])
+            self._snapshot = None
+        if self._snapshot is None:  # a new window starts with this request
+            self._snapshot = clone_cache(self.cache)
+            self._pending = []
+        self._pending.append(request)
