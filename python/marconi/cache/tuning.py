@@ -145,8 +145,9 @@ class PaperTuner(AlphaTuner):
 @TUNERS.register("window")
 class WindowTuner(AlphaTuner):
     """Ours: what-if replays on every window of ``window`` requests after the first eviction,
-    scores decayed by ``decay`` per window, switching when another alpha's decayed score beats
-    the current one's by ``margin`` (a fraction of the current score)."""
+    scores decayed by ``decay`` per window, switching (after at least ``min_windows`` windows of
+    evidence) when another alpha's decayed score beats the current one's by ``margin`` (a
+    fraction of the current score)."""
 
     name = "window"
 
@@ -154,16 +155,18 @@ class WindowTuner(AlphaTuner):
         self,
         *args: Any,
         window: int | None = None,
-        min_window: int = 64,
+        min_window: int = 128,
         max_window: int = 1000,
-        decay: float = 0.5,
-        margin: float = 0.002,
+        decay: float = 0.8,
+        margin: float = 0.01,
+        min_windows: int = 2,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.window = window
         self.min_window, self.max_window = min_window, max_window
-        self.decay, self.margin = decay, margin
+        self.decay, self.margin, self.min_windows = decay, margin, min_windows
+        self.windows = 0
         self.totals = [0.0] * len(self.grid)
         self._snapshot: PrefixCache | None = None
         self._pending: list[Any] = []
@@ -178,9 +181,11 @@ class WindowTuner(AlphaTuner):
         elif len(self._pending) >= (self.window or self.min_window):
             scores = self._scores(self._snapshot, self._pending)
             self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
+            self.windows += 1
             cur = self.grid.index(self.cache.alpha) if self.cache.alpha in self.grid else 0
             best = max(range(len(self.grid)), key=lambda i: (self.totals[i], -i))
-            if self.totals[best] > self.totals[cur] * (1 + self.margin):
+            enough = self.windows >= self.min_windows
+            if enough and self.totals[best] > self.totals[cur] * (1 + self.margin):
                 self._set(self.grid[best])
             self._snapshot = None
         if self._snapshot is None:  # a new window starts with this request
