@@ -20,8 +20,8 @@ def prefix_cache_choices() -> list[str]:
     return [*PRESETS, NO_CACHE]
 
 
-#: Weight of the FLOP-aware term when ``--alpha auto`` is asked but no online tuner is available.
-AUTO_ALPHA_FALLBACK = 1.0
+#: ``--alpha auto`` without an online tuner: the paper's starting point (0 = LRU order).
+AUTO_ALPHA_FALLBACK = 0.0
 
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 

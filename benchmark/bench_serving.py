@@ -1,0 +1,281 @@
+"""OpenAI-compatible serving benchmark: replays multi-turn traces with arrival times.
+
+Works against any server with ``/v1/completions`` streaming (ours, vLLM, SGLang). Prompts are the
+traces' chat text (``<|role|>\\ncontent\\n`` per message, decoded from the shared cl100k BPE ids),
+sent as raw completion prompts so every server sees the same text.
+
+History modes (``--history``):
+- ``generated`` (default): each session behaves like a chat client: the next turn's prompt is the
+  previous prompt + the reply the server actually generated + the trace's next messages, and a
+  turn is sent at its (scaled) arrival time or when the previous reply ends, whichever is later.
+- ``trace``: the recorded prompts verbatim (open loop: sent at their arrival times).
+
+Examples::
+
+    # against a running server
+    python benchmark/bench_serving.py --base-url http://127.0.0.1:30000 --trace sharegpt
+    # start our server once per policy and compare
+    python benchmark/bench_serving.py --launch marconi,sglang+,vllm+,none --ascii-only
+
+Reports TTFT P50/P95/P99, inter-token latency, throughput and the cached-token fraction
+(``usage.prompt_tokens_details.cached_tokens`` / ``prompt_tokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Turn:
+    arrival: float  # seconds from the benchmark start: session start + scaled think time
+    text: str  # full prompt (trace mode) or the text to append after the last reply
+    max_tokens: int
+
+
+@dataclass
+class Result:
+    ttft: float = float("nan")
+    itl: list[float] = field(default_factory=list)
+    e2e: float = float("nan")
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+def build_sessions(args: argparse.Namespace) -> list[list[Turn]]:
+    """The trace as sessions of turns (scaled down for CPU)."""
+    from marconi.sim.tokenize import get_tokenizer
+    from marconi.sim.traces import load_trace
+
+    kw: dict = {"num_sessions": args.scan_sessions}
+    if args.trace == "sharegpt":
+        kw |= {"max_input_len": args.max_input_len}
+    trace = load_trace(args.trace, **kw)
+    tok = get_tokenizer()
+    groups: dict[str, list] = defaultdict(list)
+    key: dict[str, str] = {}
+    for r in sorted(trace, key=lambda r: (r.session_id, r.arrival, r.turn)):
+        if r.turn == 0 or r.session_id not in key:  # a restarted id is a new session
+            key[r.session_id] = f"{r.session_id}#{len(groups)}"
+        groups[key[r.session_id]].append(r)
+    sessions = []
+    for reqs in groups.values():
+        turns, prev = [], None
+        for r in reqs:
+            if r.num_input_tokens > args.max_input_len:
+                break
+            ids = r.input_ids
+            if args.history == "generated" and prev is not None:
+                start = prev.num_input_tokens + prev.num_output_tokens
+                if not np.array_equal(ids[: prev.num_input_tokens], prev.input_ids):
+                    break
+                ids = ids[start:]
+            out = min(max(1, r.num_output_tokens), args.max_output_len)
+            think = (r.arrival - reqs[0].arrival) * args.time_scale
+            start = len(sessions) / args.session_rate
+            turns.append(Turn(start + think, tok.decode(ids.tolist()), out))
+            prev = r
+        if len(turns) >= args.min_turns:
+            sessions.append(turns)
+        if len(sessions) == args.num_sessions:
+            break
+    return sessions
+
+
+async def send(
+    http: httpx.AsyncClient, args: argparse.Namespace, model: str, prompt: str, max_tokens: int
+) -> tuple[Result, str]:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    if args.ascii_only:  # byte-level models: replies that round-trip through text exactly
+        body["logit_bias"] = {str(t): -100 for t in range(128, 260)}
+    res, text = Result(), []
+    t0 = last = time.perf_counter()
+    try:
+        async with http.stream("POST", f"{args.base_url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res, ""
+            async for line in r.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if "error" in chunk:
+                    res.error = str(chunk["error"])
+                    break
+                piece = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
+                if piece:
+                    now = time.perf_counter()
+                    if not text:
+                        res.ttft = now - t0
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+                    text.append(piece)
+                use = chunk.get("usage")
+                if use:
+                    res.prompt_tokens = use["prompt_tokens"]
+                    res.completion_tokens = use["completion_tokens"]
+                    details = use.get("prompt_tokens_details") or {}
+                    res.cached_tokens = details.get("cached_tokens") or 0
+    except httpx.HTTPError as e:
+        res.error = f"{type(e).__name__}: {e}"
+    res.e2e = time.perf_counter() - t0
+    return res, "".join(text)
+
+
+async def run_session(
+    http: httpx.AsyncClient,
+    args: argparse.Namespace,
+    model: str,
+    turns: list[Turn],
+    t_start: float,
+    out: list[Result],
+) -> None:
+    history = ""
+    for turn in turns:
+        await asyncio.sleep(max(0.0, t_start + turn.arrival - time.perf_counter()))
+        prompt = history + turn.text if args.history == "generated" else turn.text
+        res, reply = await send(http, args, model, prompt, turn.max_tokens)
+        out.append(res)
+        if res.error:
+            return
+        history = prompt + reply
+
+
+async def bench(args: argparse.Namespace, sessions: list[list[Turn]]) -> dict:
+    limits = httpx.Limits(max_connections=args.max_concurrency)
+    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as http:
+        model = args.model or (await http.get(f"{args.base_url}/v1/models")).json()["data"][0]["id"]
+        results: list[Result] = []
+        t0 = time.perf_counter()
+        await asyncio.gather(*(run_session(http, args, model, s, t0, results) for s in sessions))
+        duration = time.perf_counter() - t0
+    return summarize(results, duration)
+
+
+def summarize(results: list[Result], duration: float) -> dict:
+    ok = [r for r in results if r.error is None]
+    ttft = np.array([r.ttft for r in ok if r.ttft == r.ttft]) * 1e3
+    itl = np.array([x for r in ok for x in r.itl]) * 1e3
+    pct = lambda a, q: float(np.percentile(a, q)) if len(a) else float("nan")  # noqa: E731
+    prompt = sum(r.prompt_tokens for r in ok)
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "first_error": next((r.error for r in results if r.error), None),
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": sum(r.completion_tokens for r in ok) / duration,
+        "ttft_ms": {"mean": float(ttft.mean()) if len(ttft) else float("nan")}
+        | {f"p{q}": pct(ttft, q) for q in (50, 95, 99)},
+        "itl_ms": {"mean": float(itl.mean()) if len(itl) else float("nan")}
+        | {f"p{q}": pct(itl, q) for q in (50, 95, 99)},
+        "e2e_ms_p50": pct(np.array([r.e2e for r in ok]) * 1e3, 50),
+        "prompt_tokens": prompt,
+        "cached_fraction": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+    }
+
+
+def launch(policy: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    """Start our server with ``--prefix-cache policy`` on a free port; wait until it is up."""
+    from marconi.launch_server import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "marconi.launch_server", "--port", str(port)]
+    cmd += ["--prefix-cache", policy, *args.server_args.split()]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server for {policy} did not start")
+
+
+def row(name: str, s: dict) -> str:
+    t, i = s["ttft_ms"], s["itl_ms"]
+    return (
+        f"| {name} | {s['requests']} | {s['errors']} | {t['p50']:.0f} | {t['p95']:.0f} | "
+        f"{t['p99']:.0f} | {i['p50']:.0f} | {i['p95']:.0f} | {s['output_throughput']:.1f} | "
+        f"{100 * s['cached_fraction']:.1f}% | {s['duration_s']:.0f} |"
+    )
+
+
+HEADER = (
+    "| run | requests | errors | TTFT P50 ms | TTFT P95 ms | TTFT P99 ms | ITL P50 ms | "
+    "ITL P95 ms | output tok/s | cached tokens | duration s |\n|" + "---|" * 11
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument("--trace", default="sharegpt", help="sharegpt, swe, or a trace file")
+    p.add_argument("--num-sessions", type=int, default=10)
+    p.add_argument("--min-turns", type=int, default=3, help="keep sessions with this many turns")
+    p.add_argument("--scan-sessions", type=int, default=200, help="trace sessions to read")
+    p.add_argument("--max-input-len", type=int, default=300, help="trace (cl100k) tokens")
+    p.add_argument("--max-output-len", type=int, default=32)
+    p.add_argument("--session-rate", type=float, default=1.0, help="session starts per second")
+    p.add_argument("--time-scale", type=float, default=0.1, help="multiplies arrival times")
+    p.add_argument("--history", choices=["generated", "trace"], default="generated")
+    p.add_argument("--ascii-only", action="store_true", help="ban non-ASCII bytes (tiny model)")
+    p.add_argument("--max-concurrency", type=int, default=64)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--launch", default=None, help="comma-separated policies: start our server")
+    p.add_argument("--server-args", default="--model tiny --cache-memory 256MB")
+    p.add_argument("--json", default=None, help="write the summaries here")
+    args = p.parse_args(argv)
+    sessions = build_sessions(args)
+    n = sum(len(s) for s in sessions)
+    print(f"{len(sessions)} sessions, {n} requests from {args.trace}", file=sys.stderr)
+    summaries = {}
+    if args.launch:
+        for policy in args.launch.split(","):
+            proc, args.base_url = launch(policy, args)
+            try:
+                summaries[policy] = asyncio.run(bench(args, sessions))
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            print(row(policy, summaries[policy]), file=sys.stderr)
+    else:
+        summaries[args.base_url] = asyncio.run(bench(args, sessions))
+    print(HEADER)
+    for name, s in summaries.items():
+        print(row(name, s))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": summaries}, f, indent=2)
+    bad = {k: v["first_error"] for k, v in summaries.items() if v["errors"]}
+    if bad:
+        sys.exit(f"errors: {bad}")
+
+
+if __name__ == "__main__":
+    main()
