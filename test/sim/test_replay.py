@@ -53,7 +53,7 @@ def test_marconi_admits_far_fewer_states_than_vllm_plus(sharegpt) -> None:
     assert marconi.state_reuse > vllm.state_reuse
 
 
-def _hit(trace, alpha, tuner="window", policy="marconi") -> tuple[float, list]:
+def _hit(trace, alpha, tuner="shadow", policy="marconi") -> tuple[float, list]:
     spec = SimSpec(policy=policy, capacity_bytes=10**9, alpha=alpha, tuner=tuner, workers=1)
     res = simulate(trace, COST, spec)
     return res.token_hit_rate, res.alpha_history
@@ -81,7 +81,7 @@ def test_tuner_stays_at_lru_like_alpha_when_recency_wins() -> None:
 
 def test_window_tuner_adapts_to_a_workload_shift_where_paper_tuning_does_not() -> None:
     trace = one_off_docs_and_chats(600) + recurring_docs(900, t0=1000, base=10**7)
-    ours, history = _hit(trace, "auto", tuner="window")
+    ours, history = _hit(trace, "auto", tuner="shadow")
     paper, paper_history = _hit(trace, "auto", tuner="paper")
     assert paper_history[-1][1] == 0.0  # tuned once, during the first workload
     assert any(i >= 600 and a >= 2.0 for i, a in history)  # re-tuned after the shift

@@ -1,17 +1,17 @@
 """Alpha tuning for FLOP-aware eviction: what-if replays of recent requests on cache snapshots.
 
-Both tuners are fed every request before it is served (``observe``) and replay windows of
-requests through clones of the cache with each alpha of a grid, using an injected ``replay``
+Both tuners are fed every request before it is served (``observe``) and replay requests through
+copies of the cache with each alpha of a grid, using an injected ``replay``
 function (the simulator's, or an engine's token-only replay), so this module depends on nothing
 above the cache core.
 
 - ``PaperTuner`` (the paper's method, our baseline): alpha = 0 until the first eviction; then
   snapshot the cache, record the next 5x as many requests as were seen so far, replay that window
   for every alpha (in parallel processes) and keep the best alpha for good.
-- ``WindowTuner`` (ours): the same what-if replays, but on consecutive windows for as long as the
-  cache runs, with scores accumulated under exponential decay and a switch only when another alpha
-  wins by a margin. It keeps adapting when the workload shifts, and a noisy window cannot move it
-  far from LRU-like behaviour unless the evidence is consistent.
+- ``ShadowTuner`` (ours): a shadow cache per alpha runs alongside on the live requests; the real
+  cache follows the shadow with the best recent (decayed) hit score. It keeps adapting when the
+  workload shifts, and since each shadow runs its alpha for real (not a short what-if from the
+  current contents), it tracks the best fixed alpha in hindsight.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from marconi.registry import Registry
 #: replay(cache_clone, requests) -> score (higher is better; the simulator returns hit tokens)
 ReplayFn = Callable[[PrefixCache, Sequence[Any]], float]
 
-DEFAULT_GRID = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+DEFAULT_GRID = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 _JOB: tuple[PrefixCache, Sequence[Any], ReplayFn] | None = None  # inherited by forked workers
 
@@ -142,53 +142,46 @@ class PaperTuner(AlphaTuner):
             self._snapshot, self._window, self.done = None, [], True
 
 
-@TUNERS.register("window")
-class WindowTuner(AlphaTuner):
-    """Ours: what-if replays on every window of ``window`` requests after the first eviction,
-    scores decayed by ``decay`` per window, switching (after at least ``min_windows`` windows of
-    evidence) when another alpha's decayed score beats the current one's by ``margin`` (a
-    fraction of the current score)."""
+@TUNERS.register("shadow")
+class ShadowTuner(AlphaTuner):
+    """Ours: one shadow cache per alpha of the grid (same budget, byte counts only) is fed every
+    request; every ``window`` requests, the real cache switches to the alpha whose shadow has the
+    best hit score, decayed by ``decay`` per window, if it beats the current alpha's shadow by
+    ``margin`` (a fraction). Each shadow measures its alpha's long-run behaviour on the live
+    workload (not a short what-if from the current contents), so the choice tracks the best fixed
+    alpha in hindsight and follows the workload when it shifts."""
 
-    name = "window"
+    name = "shadow"
 
     def __init__(
         self,
         *args: Any,
-        window: int | None = None,
-        min_window: int = 128,
-        max_window: int = 1000,
+        window: int = 64,
         decay: float = 0.8,
-        margin: float = 0.01,
-        min_windows: int = 2,
+        margin: float = 0.005,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.window = window
-        self.min_window, self.max_window = min_window, max_window
-        self.decay, self.margin, self.min_windows = decay, margin, min_windows
-        self.windows = 0
+        self.window, self.decay, self.margin = window, decay, margin
+        self.shadows = []
+        for alpha in self.grid:
+            shadow = clone_cache(self.cache)
+            shadow.set_alpha(alpha)
+            self.shadows.append(shadow)
         self.totals = [0.0] * len(self.grid)
-        self._snapshot: PrefixCache | None = None
         self._pending: list[Any] = []
 
     def observe(self, request: Any) -> None:
         self.seen += 1
-        if self._snapshot is None:
-            if not self._evicted():
-                return
-            if self.window is None:  # as long as the warm-up, within bounds
-                self.window = min(max(self.seen - 1, self.min_window), self.max_window)
-        elif len(self._pending) >= (self.window or self.min_window):
-            scores = self._scores(self._snapshot, self._pending)
-            self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
-            self.windows += 1
-            cur = self.grid.index(self.cache.alpha) if self.cache.alpha in self.grid else 0
-            best = max(range(len(self.grid)), key=lambda i: (self.totals[i], -i))
-            enough = self.windows >= self.min_windows
-            if enough and self.totals[best] > self.totals[cur] * (1 + self.margin):
-                self._set(self.grid[best])
-            self._snapshot = None
-        if self._snapshot is None:  # a new window starts with this request
-            self._snapshot = clone_cache(self.cache)
-            self._pending = []
         self._pending.append(request)
+        if len(self._pending) < self.window:
+            return
+        t = time.perf_counter()
+        scores = [self.replay(shadow, self._pending) for shadow in self.shadows]
+        self.tuning_s += time.perf_counter() - t
+        self._pending = []
+        self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
+        cur = self.grid.index(self.cache.alpha) if self.cache.alpha in self.grid else 0
+        best = max(range(len(self.grid)), key=lambda i: (self.totals[i], -i))
+        if self.totals[best] > self.totals[cur] * (1 + self.margin):
+            self._set(self.grid[best])

@@ -55,6 +55,7 @@ class SimResult:
     by_length: dict[str, float] = field(default_factory=dict)
     alpha_history: list[tuple[int, float]] = field(default_factory=list)
     uncached_requests: int = 0  # did not fit in the cache at all (served without caching)
+    tuning_s: float = 0.0  # wall time spent in alpha tuning (included in wall_s)
 
     @property
     def token_hit_rate(self) -> float:

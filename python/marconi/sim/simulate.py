@@ -6,6 +6,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class SimSpec:
     capacity_bytes: int = 40 * 10**9
     mode: str = "sequential"  # or "concurrent"
     alpha: str | float = "auto"
-    tuner: str = "window"
+    tuner: str = "shadow"
     profile: str = "a100"
     trace_name: str = "trace"
     workers: int = 0  # tuning processes (0 = one per core)
@@ -105,12 +106,23 @@ def simulate(
         by_length=by_length(recs),
         alpha_history=[] if tuner is None else list(tuner.history),
         uncached_requests=rp.uncached,
+        tuning_s=0.0 if tuner is None else tuner.tuning_s,
     )
 
 
 def infinite_bound(trace: Sequence[Request], cost: CostModel, page_size: int = 1) -> float:
     """Token hit rate if every earlier prefix were reusable (unbounded cache, a state at every
     position): each input's longest common prefix with all earlier sequences."""
+    return infinite_cache(trace, cost, page_size).hit_rate
+
+
+class InfiniteCache(NamedTuple):
+    hit_rate: float
+    unique_tokens: int  # tokens an unbounded tree ends up holding
+
+
+def infinite_cache(trace: Sequence[Request], cost: CostModel, page_size: int = 1) -> InfiniteCache:
+    """``infinite_bound`` plus the size of what an unbounded cache would hold."""
     spec = SimSpec(policy="sglang+", capacity_bytes=2**62)
     cache, _ = build_cache(cost, spec)
     hits = total = 0
@@ -126,4 +138,5 @@ def infinite_bound(trace: Sequence[Request], cost: CostModel, page_size: int = 1
             cache.insert(seq, np.concatenate([m.kv, kv]))
         else:
             cache.insert(seq, None)
-    return hits / total if total else 0.0
+    unique = sum(len(n.key) for n in cache.tree.iter_nodes())
+    return InfiniteCache(hits / total if total else 0.0, unique)

@@ -41,14 +41,14 @@ class Variant:
     label: str
     policy: str
     alpha: str | float = "auto"
-    tuner: str = "window"
+    tuner: str = "shadow"
 
 
 DEFAULT_VARIANTS = (
     Variant("vllm+", "vllm+"),
     Variant("sglang+", "sglang+"),
     Variant("marconi (paper tuning)", "marconi", tuner="paper"),
-    Variant("marconi (our tuning)", "marconi", tuner="window"),
+    Variant("marconi (our tuning)", "marconi", tuner="shadow"),
     Variant("sglang-0.5", "sglang-0.5"),
     Variant("vllm-0.32", "vllm-0.32"),
 )
