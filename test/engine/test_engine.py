@@ -165,3 +165,17 @@ def test_invalid_requests_are_rejected_before_queueing(engines: dict[str, LLM]) 
     with pytest.raises(ValueError):
         SamplingParams(max_tokens=0)
     assert not eng.has_unfinished()
+
+
+def test_alpha_auto_runs_the_shadow_tuner_on_finished_requests(engines: dict[str, LLM]) -> None:
+    from marconi.cache.tuning import ShadowTuner
+
+    engine = engines["marconi"].engine
+    assert isinstance(engine.tuner, ShadowTuner)
+    assert engines["none"].engine.tuner is None
+    before = engine.tuner.seen
+    engines["marconi"].generate([SYSTEM + user("Say hi.")], GREEDY)
+    assert engine.tuner.seen == before + 1
+    for shadow in engine.tuner.shadows:  # byte counts only, never the live tensors
+        assert shadow.pools.state is not None and shadow.pools.state.storage is None
+        shadow.check_integrity()

@@ -27,6 +27,7 @@ import numpy as np
 if TYPE_CHECKING:
     from marconi.cache.node import MatchResult, SizeInfo
     from marconi.cache.prefix_cache import PrefixCache
+    from marconi.cache.tuning import AlphaTuner
     from marconi.models.memory import HybridMemory
 
 _NO_KV = np.empty(0, dtype=np.int64)
@@ -65,12 +66,19 @@ class CacheManager:
     matches nor inserts: every request starts from scratch and frees everything at the end.
     """
 
-    def __init__(self, cache: PrefixCache, memory: HybridMemory, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        memory: HybridMemory,
+        enabled: bool = True,
+        tuner: AlphaTuner | None = None,
+    ) -> None:
         if cache.pools.kv is None or cache.pools.state is None:
             raise NotImplementedError("the engine serves hybrid models (attention + SSM) only")
         self.cache = cache
         self.memory = memory
         self.enabled = enabled
+        self.tuner = tuner  # fed every finished request: (input ids, fed tokens)
         self.page_size = cache.page_size
 
     # ------------------------------------------------------------------ sizing
@@ -172,6 +180,8 @@ class CacheManager:
         cache.insert(fed_tokens, handle.pages, states)  # frees pages past seq_len
         cache.unlock(handle.match.node)
         handle.captures.clear()
+        if self.tuner is not None:
+            self.tuner.observe((fed_tokens[: handle.origin_len], fed_tokens))
 
     def abort(self, handle: CacheHandle) -> None:
         """Give back everything the request holds (its own pages and every state slot)."""

@@ -7,10 +7,10 @@ the "auto" values once, at construction, and never mutates the config.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 from marconi.cache.presets import PRESETS
+from marconi.units import parse_bytes, split_size
 
 #: ``--prefix-cache`` choices: every cache preset, plus ``none`` (no reuse, same memory pools).
 NO_CACHE = "none"
@@ -20,25 +20,17 @@ def prefix_cache_choices() -> list[str]:
     return [*PRESETS, NO_CACHE]
 
 
-#: ``--alpha auto`` without an online tuner: the paper's starting point (0 = LRU order).
+#: ``--alpha auto`` starts here (the paper's start, LRU order); the shadow tuner moves it.
 AUTO_ALPHA_FALLBACK = 0.0
-
-_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
 def parse_memory(text: str | int | float, device: str = "cpu") -> int:
     """Bytes from ``"2GB"``, ``"512MiB"``, ``"1e9"`` or a fraction of the device's memory
     (``"0.25"``: a quarter of the RAM, or of the GPU's memory on CUDA). Raises ValueError."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value, unit = float(text), ""
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-        if m is None or m.group(2).upper() not in _UNITS:
-            raise ValueError(f"cannot parse memory size {text!r} (e.g. 2GB, 512MiB, 0.25)")
-        value, unit = float(m.group(1)), m.group(2).upper()
+    value, unit = split_size(text)
     if unit == "" and 0 < value < 1:
         return int(value * device_memory_bytes(device))
-    nbytes = int(value * _UNITS[unit])
+    nbytes = parse_bytes(text)
     if nbytes <= 0:
         raise ValueError(f"memory size must be > 0, got {text!r}")
     return nbytes

@@ -20,6 +20,7 @@ from marconi.cache.cost import cost_model_from_hf_config
 from marconi.cache.pools import MemoryBudget
 from marconi.cache.prefix_cache import CacheStats, PrefixCache
 from marconi.cache.presets import get_preset, preset_config
+from marconi.cache.tuning import AlphaTuner, ShadowTuner
 from marconi.engine.cache_manager import CacheManager
 from marconi.engine.config import AUTO_ALPHA_FALLBACK, EngineConfig, parse_alpha
 from marconi.engine.request import Detokenizer, Req, SamplingParams, StepOutput
@@ -92,7 +93,10 @@ class Engine:
             hf.get("max_position_embeddings") or 8192
         )
         self.cache, self.memory = self._build_cache(hf)
-        self.manager = CacheManager(self.cache, self.memory, enabled=config.cache_enabled)
+        self.tuner = self._build_tuner()
+        self.manager = CacheManager(
+            self.cache, self.memory, enabled=config.cache_enabled, tuner=self.tuner
+        )
         self.runner = ModelRunner(self.model, self.memory, seed=config.seed)
         self.scheduler = Scheduler(
             self.manager, self.tokenizer, config.max_running_requests, config.chunked_prefill_size
@@ -114,7 +118,7 @@ class Engine:
         name = cfg.prefix_cache if cfg.cache_enabled else "sglang+"
         alpha = parse_alpha(cfg.alpha)
         if alpha is None and get_preset(name).tune_alpha:
-            alpha = AUTO_ALPHA_FALLBACK  # no online tuner in the engine yet: a fixed weight
+            alpha = AUTO_ALPHA_FALLBACK  # the start; the shadow tuner moves it online
         cache_cfg = preset_config(name, alpha=alpha)
         cache = PrefixCache(cost, MemoryBudget.shared(cfg.cache_bytes), cache_cfg)
         kv, st = cache.pools.kv, cache.pools.state
@@ -123,6 +127,19 @@ class Engine:
         memory = self.model.allocate_memory(kv.num_slots * kv.page_size, st.num_slots)
         st.storage = memory
         return cache, memory
+
+    def _build_tuner(self) -> AlphaTuner | None:
+        """``--alpha auto`` on a preset that tunes: shadow caches (byte counts only) fed with
+        every finished request choose the FLOP-aware weight online (``marconi.cache.tuning``)."""
+        cfg = self.config
+        name = cfg.prefix_cache if cfg.cache_enabled else "sglang+"
+        if not cfg.cache_enabled or parse_alpha(cfg.alpha) is not None:
+            return None
+        if not get_preset(name).tune_alpha:
+            return None
+        from marconi.sim.replay import replay_fed
+
+        return ShadowTuner(self.cache, replay=replay_fed, workers=1)
 
     # ------------------------------------------------------------------ requests
     def make_request(

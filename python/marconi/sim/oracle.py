@@ -35,7 +35,7 @@ from marconi.cache.node import EvictResult, MatchResult, Node
 from marconi.cache.pools import MemoryBudget
 from marconi.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi.sim.latency import get_profile
-from marconi.sim.metrics import SimResult, by_length, percentile
+from marconi.sim.metrics import SimResult
 from marconi.sim.replay import Replayer
 from marconi.sim.simulate import SimSpec, build_cache
 from marconi.sim.traces import Request
@@ -243,27 +243,12 @@ def simulate_oracle(
         rp.end(flight)
     wall = time.perf_counter() - t0
     cache.check_integrity()
-    recs = rp.records
-    ttfts = [r.ttft_s for r in recs]
-    return SimResult(
+    return rp.result(
         trace=trace_name,
-        model=cost.name,
         policy="oracle",
         mode="sequential",
         capacity_bytes=capacity_bytes,
         alpha=None,
-        requests=len(recs),
-        input_tokens=sum(r.input_len for r in recs),
-        hit_tokens=sum(r.hit_len for r in recs),
-        hit_requests=sum(1 for r in recs if r.hit_len),
-        flops_total=sum(r.flops_total for r in recs),
-        flops_saved_abs=sum(r.flops_saved for r in recs),
         states_admitted=cache.stats.states_admitted,
-        states_reused=len(rp.reused_states),
-        peak_bytes=cache.pools.peak_bytes,
         wall_s=wall,
-        ttft_p50_s=percentile(ttfts, 50),
-        ttft_p95_s=percentile(ttfts, 95),
-        by_length=by_length(recs),
-        uncached_requests=rp.uncached,
     )

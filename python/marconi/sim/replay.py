@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from marconi.sim.latency import LatencyProfile
-from marconi.sim.metrics import RequestRecord
+from marconi.sim.metrics import RequestRecord, SimResult, by_length, percentile
 
 if TYPE_CHECKING:
     from marconi.cache.node import MatchResult
@@ -100,6 +100,28 @@ class Replayer:
         self.hit_tokens += hit
         return RequestRecord(req.arrival, req.num_input_tokens, hit, total, saved, ttft)
 
+    def result(self, **fields: object) -> SimResult:
+        """A ``SimResult`` of the requests served so far; ``fields`` gives the descriptive ones
+        (trace, policy, mode, capacity_bytes, alpha, wall_s, ...)."""
+        recs = self.records
+        ttfts = [r.ttft_s for r in recs]
+        return SimResult(
+            model=self.cache.cost.name,  # type: ignore[attr-defined]
+            requests=len(recs),
+            input_tokens=sum(r.input_len for r in recs),
+            hit_tokens=sum(r.hit_len for r in recs),
+            hit_requests=sum(1 for r in recs if r.hit_len),
+            flops_total=sum(r.flops_total for r in recs),
+            flops_saved_abs=sum(r.flops_saved for r in recs),
+            states_reused=len(self.reused_states),
+            peak_bytes=self.cache.pools.peak_bytes,
+            ttft_p50_s=percentile(ttfts, 50),
+            ttft_p95_s=percentile(ttfts, 95),
+            by_length=by_length(recs),
+            uncached_requests=self.uncached,
+            **fields,  # type: ignore[arg-type]
+        )
+
     # -------------------------------------------------------------- whole traces
     def run_sequential(
         self,
@@ -143,6 +165,19 @@ class Replayer:
             self.end(heapq.heappop(finishing)[2])
             bar.update()
         bar.close()
+
+
+def replay_fed(cache: PrefixCache, items: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Hit tokens of replaying ``(input ids, fed tokens)`` pairs, as an engine records finished
+    requests (fed = input + output[:-1]); the shadow-cache tuner's replay in the engine."""
+    from marconi.sim.traces import Request
+
+    # the replayer feeds input + output[:-1]: a placeholder last output token gives back ``fed``
+    reqs = [
+        Request("", 0, 0.0, inp, np.append(fed[len(inp) :], 0).astype(np.int64))
+        for inp, fed in items
+    ]
+    return replay_hits(cache, reqs)
 
 
 def replay_hits(cache: PrefixCache, trace: Iterable[Request]) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,22 +15,12 @@ from marconi.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi.cache.presets import get_preset, preset_config
 from marconi.cache.tuning import TUNERS, AlphaTuner
 from marconi.sim.latency import get_profile
-from marconi.sim.metrics import SimResult, by_length, percentile
+from marconi.sim.metrics import SimResult
 from marconi.sim.replay import Replayer, replay_hits
 from marconi.sim.traces import Request
+from marconi.units import parse_bytes
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
-
-
-def parse_bytes(text: str | int | float) -> int:
-    """``"40GB"`` -> 40e9, ``"1.5GiB"`` -> 1.5 * 2**30, plain numbers are bytes."""
-    if isinstance(text, int | float):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 40GB, 512MiB, 1e9)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+__all__ = ["SimSpec", "build_cache", "infinite_bound", "infinite_cache", "parse_bytes", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -82,30 +71,15 @@ def simulate(
     run(trace, before=before, progress=progress)
     wall = time.perf_counter() - t0
     cache.check_integrity()
-    recs = rp.records
-    ttfts = [r.ttft_s for r in recs]
-    return SimResult(
+    return rp.result(
         trace=spec.trace_name,
-        model=cost.name,
         policy=spec.policy,
         mode=spec.mode,
         capacity_bytes=spec.capacity_bytes,
         alpha=cache.alpha,
-        requests=len(recs),
-        input_tokens=sum(r.input_len for r in recs),
-        hit_tokens=sum(r.hit_len for r in recs),
-        hit_requests=sum(1 for r in recs if r.hit_len),
-        flops_total=sum(r.flops_total for r in recs),
-        flops_saved_abs=sum(r.flops_saved for r in recs),
         states_admitted=cache.stats.states_admitted - start_admitted,
-        states_reused=len(rp.reused_states),
-        peak_bytes=cache.pools.peak_bytes,
         wall_s=wall,
-        ttft_p50_s=percentile(ttfts, 50),
-        ttft_p95_s=percentile(ttfts, 95),
-        by_length=by_length(recs),
         alpha_history=[] if tuner is None else list(tuner.history),
-        uncached_requests=rp.uncached,
         tuning_s=0.0 if tuner is None else tuner.tuning_s,
     )
 
