@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
 from marconi.sim.sweep import Row
 
@@ -28,6 +29,9 @@ def plot_hit_vs_capacity(rows: Sequence[Row], out_dir: Path) -> list[Path]:
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=label)
         ax.set_xscale("log")
+        gb = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(gb)
+        ax.xaxis.set_minor_formatter(gb)
         ax.set_xlabel("cache capacity (GB)")
         ax.set_ylabel("token hit rate (%)")
         ax.set_title(f"{trace}: hit rate vs capacity")
