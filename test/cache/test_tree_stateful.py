@@ -9,11 +9,10 @@ survive. With an unlimited budget the hit lengths must equal the reference's exa
 from __future__ import annotations
 
 import numpy as np
+from conftest import Running, abort, finish, make_cache, start
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-
-from conftest import Running, abort, finish, make_cache, start
 
 SEQ = st.lists(st.integers(0, 3), min_size=1, max_size=24)
 
