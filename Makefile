@@ -16,8 +16,9 @@ $(STAMP): python/pyproject.toml
 	$(PY) -m pip install --quiet -e "python[dev]"
 	touch $(STAMP)
 
-test: install
+test: install install-sglang
 	$(PY) -m pytest -q test
+	$(SGL_PY) -m pytest -q test/integrations
 
 lint: install
 	$(VENV)/bin/ruff check python test benchmark
@@ -36,3 +37,36 @@ bench-sim: install
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
+
+# --- SGLang plugin environment (issue 6): the real sglang==0.5.23 without its GPU kernels ------
+# sglang --no-deps + exactly the packages that its cache, scheduler-request and server-args modules
+# import (found from import tracebacks). `sglang.srt.configs` imports torchvision, and PyPI's
+# torchvision fails beside the CPU torch 2.13 wheel, so this venv takes sglang's own pin,
+# torch 2.14.1 + torchvision 0.29.1 (local wheels; torch brings its nvidia-* libraries, which it
+# loads at import even on CPU). See docs/sglang.md. Other pins are sglang 0.5.23's own.
+SGL_VENV  ?= .venv-sglang
+SGL_PY    := $(SGL_VENV)/bin/python
+SGL_STAMP := $(SGL_VENV)/.installed
+SGLANG    ?= sglang==0.5.23
+SGL_TORCH ?= torch==2.14.1 torchvision==0.29.1
+SGL_DEPS  := orjson psutil pybase64 requests pillow starlette msgspec pydantic pyzmq aiohttp \
+	IPython dill gguf partial-json-parser triton "transformers==5.19.0" "openai==2.8.0" \
+	"apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0"
+
+.PHONY: install-sglang test-sglang
+
+install-sglang: $(SGL_STAMP)
+
+$(SGL_STAMP): python/pyproject.toml
+	python3 -m venv $(SGL_VENV)
+	echo '*' > $(SGL_VENV)/.gitignore
+	printf '%s\n' $(SGL_TORCH) > $(SGL_VENV)/constraints.txt
+	$(SGL_PY) -m pip install --quiet $(SGL_TORCH)
+	$(SGL_PY) -m pip install --quiet --no-deps "$(SGLANG)"
+	$(SGL_PY) -m pip install --quiet -c $(SGL_VENV)/constraints.txt $(SGL_DEPS)
+	$(SGL_PY) -m pip install --quiet -c $(SGL_VENV)/constraints.txt -e python \
+		pytest pytest-timeout
+	touch $(SGL_STAMP)
+
+test-sglang: install-sglang
+	$(SGL_PY) -m pytest -q test/integrations

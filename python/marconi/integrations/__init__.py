@@ -1,0 +1,1 @@
+"""Integrations of Marconi's cache policies into other serving engines (SGLang)."""

@@ -1,0 +1,232 @@
+"""The ``marconi`` radix-cache backend for SGLang 0.5.23.
+
+SGLang's ``UnifiedRadixCache`` with two components swapped in through its own
+``component_registry_override`` hook; the tree, pools, locks and integrity checks stay SGLang's.
+
+- admission (``MarconiMambaComponent.prepare_for_caching_req``): SGLang hands the tree a state at
+  every prefill-chunk checkpoint (``no_buffer``) or every tracked state (``extra_buffer``), and at
+  finish; Marconi keeps only the branch point (``mamba_branching_seqlen``, SGLang's
+  speculative-insertion result) and the finished request's state (after its last decoded token).
+- state eviction (``MarconiMambaComponent``): SGLang walks its Mamba LRU list; Marconi orders
+  leaves and single-child state holders by ``FlopAware.priority`` (multi-child holders last).
+- KV eviction (``MarconiFullComponent``): SGLang's leaf heap, keyed by the FLOP-aware score
+  instead of ``--radix-eviction-policy``.
+
+Contracts kept from SGLang: an insert always carries a state at its end (so a declined state
+means the request's KV is not inserted at that checkpoint: it stays the request's, as in SGLang's
+own "no tracked state" path); eviction never touches locked data; a walk returns a leaf for the
+controller to delete or tombstones one internal state per step. Not supported with the backend
+(rejected at construction): HiCache, session radix cache, int8 Mamba checkpoints.
+
+The decisions are made by ``marconi.cache`` classes through ``MarconiPolicy``; the cost model
+comes from the served model's HF config (``cost_model_from_hf_config``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_unified_radix_cache
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, EvictLayer
+from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+from marconi.cache.cost import CostModel, cost_model_from_hf_config
+from marconi.integrations.sglang.plugin import ALPHA_ENV, BACKEND_NAME
+from marconi.integrations.sglang.policy import MarconiPolicy
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, InsertParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BACKEND_NAME", "MarconiRadixCache", "marconi_cache_factory"]
+DEFAULT_ALPHA = 1.0
+
+
+def _policy(component: Any) -> MarconiPolicy:
+    return component.cache.marconi
+
+
+class MarconiFullComponent(FullComponent):
+    """Full (KV) component whose eviction heap is ordered by Marconi's FLOP-aware score."""
+
+    def __init__(self, cache: MarconiRadixCache, params: CacheInitParams) -> None:
+        super().__init__(cache, params)
+        # FullComponent keys its leaf heap by this callable (node -> priority).
+        self.session_ref_eviction_strategy = self._marconi_priority
+
+    def _marconi_info(self, node: Any) -> Any:
+        mamba = node.component_data[ComponentType.MAMBA]
+        holds_state = ComponentType.MAMBA in self.cache.components and mamba.value is not None
+        return _policy(self).candidate_info(node, holds_state=holds_state, is_leaf=True)
+
+    def _marconi_priority(self, node: Any) -> tuple[float, float]:
+        policy = _policy(self)
+        return (policy.eviction.priority(self._marconi_info(node)), node.last_access_time)
+
+    def _evict_device_start(self, request_cnt: int) -> None:
+        # Refit the normalisers over this walk's candidates (one epoch per eviction call).
+        leaves = list(self.tree_core.evictable_device_leaves)
+        _policy(self).eviction.fit([self._marconi_info(n) for n in leaves])
+        super()._evict_device_start(request_cnt)
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        node_id = super()._evict_device_next_node(tracker, device_frees, host_frees, cache_actions)
+        if node_id is not None:
+            _policy(self).stats.kv_evictions += 1
+        return node_id
+
+
+class MarconiMambaComponent(MambaComponent):
+    """Mamba component with Marconi's admission and FLOP-aware state eviction."""
+
+    # ------------------------------------------------------------------ admission
+    def _held_state_len(self, req: Req, token_ids_len: int, is_finished: bool) -> int | None:
+        """Position of the state SGLang would hand to the tree (None: none)."""
+        if not self.cache.enable_mamba_extra_buffer:
+            return token_ids_len
+        if is_finished:
+            checkpoint = self._select_finished_checkpoint(req, token_ids_len)
+            return None if checkpoint is None else checkpoint[0]
+        return req.kv.mamba_last_track_seqlen
+
+    def prepare_for_caching_req(
+        self,
+        req: Req,
+        insert_params: InsertParams,
+        token_ids_len: int,
+        is_finished: bool,
+    ) -> int | None:
+        """Hand SGLang's state to the tree only where Marconi admits it; else return 0, which
+        makes the checkpoint insert nothing (the request keeps its KV and state)."""
+        cache_len = self._held_state_len(req, token_ids_len, is_finished)
+        if cache_len:
+            input_len = len(req.origin_input_ids)
+            admitted = _policy(self).admits(
+                cache_len=cache_len,
+                input_len=input_len,
+                usable_len=req.kv.cache_protected_len,
+                branch_point=getattr(req, "mamba_branching_seqlen", None),
+                seq_len=input_len + len(req.output_ids),
+                is_finished=is_finished,
+            )
+            if not admitted:
+                return 0
+        return super().prepare_for_caching_req(req, insert_params, token_ids_len, is_finished)
+
+    # ------------------------------------------------------------------ eviction
+    def _evict_device_start(self, request_cnt: int) -> None:
+        """Order this walk's victims: candidates (leaves and single-child holders, as in
+        Marconi) by FLOP-aware priority, then multi-child holders in LRU order so that an
+        allocation SGLang must satisfy still finds a state to evict."""
+        ct = self.component_type
+        self._evict_device_request_cnt = request_cnt
+        lru = self.tree_core.lru_lists[ct]
+        holders, node = [], lru.get_lru_no_lock()
+        while node is not None:  # unlocked state holders, least recently used first
+            holders.append(node)
+            node = lru.get_prev_no_lock(node)
+        cands = [n for n in holders if len(n.children) <= 1]
+        rest = [n for n in holders if len(n.children) > 1]
+        policy = _policy(self)
+        infos = [policy.candidate_info(n, holds_state=True, is_leaf=not n.children) for n in cands]
+        order = policy.order(infos)
+        self._marconi_queue = deque([cands[i] for i in order] + rest)
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
+        """One step: return a leaf for the controller to delete, or tombstone one internal
+        state here (then return None, as SGLang's walk does)."""
+        ct = self.component_type
+        lru = self.tree_core.lru_lists[ct]
+        if tracker[ct] >= self._evict_device_request_cnt:
+            return None
+        while self._marconi_queue:
+            x = self._marconi_queue.popleft()
+            cd = x.component_data[ct]
+            if not lru.in_list(x) or cd.value is None or cd.lock_ref > 0:
+                continue  # changed since the walk started
+            _policy(self).stats.state_evictions += 1
+            if x in self.tree_core.evictable_device_leaves:
+                return x.id
+            self.tree_core._evict_component_and_detach_lru(
+                x,
+                self,
+                target=EvictLayer.DEVICE,
+                tracker=tracker,
+                device_frees=device_frees,
+                host_frees=host_frees,
+                cache_actions=cache_actions,
+            )
+            self.tree_core._cascade_evict(
+                x,
+                self,
+                tracker,
+                device_frees=device_frees,
+                host_frees=host_frees,
+                cache_actions=cache_actions,
+            )
+            return None
+        return None
+
+    def _evict_device_end(self) -> None:
+        self._marconi_queue = deque()
+
+
+class MarconiRadixCache(UnifiedRadixCache):
+    """``UnifiedRadixCache`` with Marconi's components. ``marconi`` carries the policies, the
+    cost model and the stats (``marconi.stats``, logged every 100 admission decisions)."""
+
+    def __init__(self, params: CacheInitParams, marconi: MarconiPolicy) -> None:
+        if params.enable_session_radix_cache:
+            raise ValueError("--prefix-cache marconi does not support the session radix cache")
+        if getattr(params.req_to_token_pool, "mamba_ckpt_pool", None) is not None:
+            raise ValueError("--prefix-cache marconi does not support int8 Mamba checkpoints")
+        self.marconi = marconi
+        params.component_registry_override = {
+            **(params.component_registry_override or {}),
+            ComponentType.FULL: MarconiFullComponent,
+            ComponentType.MAMBA: MarconiMambaComponent,
+        }
+        params.tree_core_backend = "python"  # the components read Python tree nodes
+        super().__init__(params)
+        logger.info("marconi backend: %s, alpha=%g", marconi.cost.describe(), marconi.stats.alpha)
+
+    def init_hicache(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("--prefix-cache marconi does not support HiCache")
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        result = super().match_prefix(params)
+        self.marconi.record_match(
+            len(params.key), result.device_prefix_len, result.device_prefix_len > 0
+        )
+        return result
+
+
+def alpha_from_env() -> float:
+    """The FLOP-aware weight: ``$SGLANG_MARCONI_ALPHA`` (set by ``--marconi-alpha``) or 1.0."""
+    return float(os.environ.get(ALPHA_ENV, DEFAULT_ALPHA))
+
+
+def cost_model_for(ctx: TreeCacheBuildContext) -> CostModel:
+    """Cost model of the served model, from its HF config (raises ValueError if unsupported)."""
+    hf_config = ctx.model_config.hf_config
+    config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
+    name = str(getattr(ctx.model_config, "model_path", config.get("model_type", "served")))
+    return cost_model_from_hf_config(config, name=name)
+
+
+def marconi_cache_factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
+    """The factory registered as ``marconi``: SGLang's own construction path
+    (``create_unified_radix_cache``) with ``MarconiRadixCache`` as the class."""
+    policy = MarconiPolicy(cost_model_for(ctx), alpha=alpha_from_env())
+    cache_class = functools.partial(MarconiRadixCache, marconi=policy)
+    return create_unified_radix_cache(ctx, cache_class=cache_class)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""The ``sglang.srt.plugins`` entry point: ``marconi = ...integrations.sglang.plugin:register``.
+
+SGLang calls ``register()`` in every process it starts (launcher, scheduler, detokenizer) via
+``sglang.srt.plugins.load_plugins``. It
+
+1. registers the ``marconi`` radix-cache backend with ``register_radix_cache_backend`` (selected
+   by ``--radix-cache-backend marconi``); the factory imports the backend lazily, so loading the
+   plugin costs nothing until the cache is built;
+2. adds two flags to SGLang's server parser (an AFTER hook on ``ServerArgs.add_cli_args``):
+   ``--prefix-cache {marconi,lru}``, which sets ``radix_cache_backend`` (``lru`` = SGLang's
+   default cache, i.e. no backend), and ``--marconi-alpha``, the FLOP-aware weight, passed to the
+   scheduler processes through ``$SGLANG_MARCONI_ALPHA``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext
+
+BACKEND_NAME = "marconi"
+ALPHA_ENV = "SGLANG_MARCONI_ALPHA"
+#: ``--prefix-cache`` value -> ``--radix-cache-backend`` value (None: SGLang's default chain)
+PREFIX_CACHE_CHOICES: dict[str, str | None] = {"marconi": BACKEND_NAME, "lru": None}
+ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
+
+
+def _factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
+    from marconi.integrations.sglang.backend import marconi_cache_factory
+
+    return marconi_cache_factory(ctx)
+
+
+class PrefixCacheAction(argparse.Action):
+    """``--prefix-cache NAME``: writes the mapped backend into ``radix_cache_backend``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.radix_cache_backend = PREFIX_CACHE_CHOICES[str(values)]
+        setattr(namespace, self.dest, values)
+
+
+class MarconiAlphaAction(argparse.Action):
+    """``--marconi-alpha X``: exported as ``$SGLANG_MARCONI_ALPHA`` for the cache processes."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        alpha = float(str(values))
+        if alpha < 0:
+            parser.error(f"--marconi-alpha must be >= 0, got {alpha}")
+        os.environ[ALPHA_ENV] = repr(alpha)
+        setattr(namespace, self.dest, alpha)
+
+
+def add_prefix_cache_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--prefix-cache`` and ``--marconi-alpha`` to an SGLang server parser (idempotent)."""
+    if "--prefix-cache" in parser._option_string_actions:
+        return
+    parser.add_argument(
+        "--prefix-cache",
+        action=PrefixCacheAction,
+        choices=sorted(PREFIX_CACHE_CHOICES),
+        default=None,
+        help="Prefix cache for hybrid (attention + Mamba) models. 'marconi': Marconi's "
+        "admission (states only at branch points and after the last decoded token) and "
+        "FLOP-aware eviction (same as --radix-cache-backend marconi). 'lru': SGLang's "
+        "default radix cache.",
+    )
+    parser.add_argument(
+        "--marconi-alpha",
+        action=MarconiAlphaAction,
+        default=None,
+        help="Weight of FLOP efficiency against recency in Marconi's eviction score "
+        "(0 = LRU over the same candidates; default 1.0).",
+    )
+
+
+def _after_add_cli_args(result: Any, parser: argparse.ArgumentParser, *args: Any) -> None:
+    add_prefix_cache_args(parser)
+
+
+def register() -> None:
+    """The plugin entry point (idempotent)."""
+    from sglang.srt.mem_cache.registry import (
+        register_radix_cache_backend,
+        registered_radix_cache_backends,
+    )
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if BACKEND_NAME not in registered_radix_cache_backends():
+        register_radix_cache_backend(BACKEND_NAME, _factory)
+    hooks = HookRegistry._hooks.get(ADD_CLI_ARGS_TARGET, [])
+    if not any(h is _after_add_cli_args for _, h, _ in hooks):
+        HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
