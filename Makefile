@@ -36,7 +36,7 @@ bench-sim: install
 	$(PY) benchmark/bench_sim.py --out docs/results.md
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) $(SGL_VENV) results .pytest_cache
 
 # --- SGLang plugin environment (issue 6): the real sglang==0.5.23 without its GPU kernels ------
 # sglang --no-deps + exactly the packages that its cache, scheduler-request and server-args modules
