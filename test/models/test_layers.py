@@ -61,6 +61,26 @@ def test_ssd_scan_matches_recurrence_and_captures_any_position(prefix: int) -> N
         torch.testing.assert_close(got[slot], ref_states[pos - prefix - 1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [23, 24])
+def test_ssd_scan_dense_plan_matches_recurrence(n: int) -> None:
+    """One request, chunk-aligned segments: the scan runs on views (n = 24) or one tail pad."""
+    g = torch.Generator().manual_seed(1)
+    h, p, gr, ns = 4, 3, 2, 5
+    x = torch.randn(n, h, p, generator=g)
+    b, c = torch.randn(n, gr, ns, generator=g), torch.randn(n, gr, ns, generator=g)
+    dt = torch.rand(n, h, generator=g) * 0.5
+    a = -torch.rand(h, generator=g) - 0.1
+    init = torch.randn(1, h, p, ns, generator=g)
+    req = SequenceInput([0] * n, list(range(n)), 0, (16,), (1,))
+    plan = build_batch_meta([req], torch.device("cpu")).segment_plan(8)
+    assert plan.dense
+    y, final, captured = ssd_scan(x, dt, a, b, c, plan, init)
+    ref_y, ref_states = _naive_ssd(x, dt, a, b, c, init[0])
+    torch.testing.assert_close(y, ref_y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final[0], ref_states[-1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(captured[0][1][0], ref_states[15], atol=1e-5, rtol=1e-5)
+
+
 def test_selective_scan_captures_intermediate_states() -> None:
     g = torch.Generator().manual_seed(1)
     r, n, d, ns = 1, 10, 3, 4

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from marconi.layers.batch_meta import BatchMeta
+from marconi.layers.linear import Linear
 
 
 class RotaryEmbedding(nn.Module):
@@ -72,10 +73,10 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scaling = head_dim**-0.5 if scaling is None else scaling
         self.rope = rope
-        self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=bias)
+        self.q_proj = Linear(hidden, num_heads * head_dim, bias=bias)
+        self.k_proj = Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden, bias=bias)
 
     @property
     def kv_shape(self) -> tuple[int, int]:
@@ -104,10 +105,17 @@ class PagedAttention(nn.Module):
             )
             o = o[0].transpose(0, 1)
         else:
-            kk = k_cache[meta.kv_index].to(x.dtype).transpose(1, 2)  # [B, Hk, Lk, D]
-            vv = v_cache[meta.kv_index].to(x.dtype).transpose(1, 2)
+            if meta.kv_range is not None and k_cache.dtype == x.dtype:  # one request, slots a..b
+                lo, hi = meta.kv_range
+                kk = k_cache[lo:hi].transpose(0, 1).unsqueeze(0)  # view [1, Hk, Lk, D]
+                vv = v_cache[lo:hi].transpose(0, 1).unsqueeze(0)
+            else:
+                kk = k_cache[meta.kv_index].to(x.dtype).transpose(1, 2)  # [B, Hk, Lk, D]
+                vv = v_cache[meta.kv_index].to(x.dtype).transpose(1, 2)
             if meta.max_new == 1:
                 qq = q.unsqueeze(1)
+            elif meta.num_reqs == 1:
+                qq = q.unsqueeze(0)
             else:
                 qq = q.new_zeros(meta.num_reqs, meta.max_new, self.num_heads, self.head_dim)
                 qq[meta.tok_req, meta.tok_off] = q
@@ -119,5 +127,10 @@ class PagedAttention(nn.Module):
                 scale=self.scaling,
                 enable_gqa=gqa,
             ).transpose(1, 2)
-            o = o[:, 0] if meta.max_new == 1 else o[meta.tok_req, meta.tok_off]
+            if meta.max_new == 1:
+                o = o[:, 0]
+            elif meta.num_reqs == 1:
+                o = o[0]
+            else:
+                o = o[meta.tok_req, meta.tok_off]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))

@@ -24,6 +24,11 @@ class SegmentPlan(NamedTuple):
     index: torch.Tensor  # [B, S, Lc] packed token index, pad = T (a zero row)
     capture_at: dict[int, tuple[torch.Tensor, torch.Tensor]]  # segment -> (req idx, slot)
     initial_captures: tuple[torch.Tensor, torch.Tensor] | None  # captures at offset 0
+    #: [T] flat position of each packed token inside the padded [B * S * Lc] layout
+    inverse: torch.Tensor
+    #: the padded layout is the packed tokens in order plus zero rows at the end (one request,
+    #: full segments except the last): segments are then a view, no gather
+    dense: bool
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class BatchMeta:
     cap_off: torch.Tensor  # [C] offsets 0..new_len
     cap_slot: torch.Tensor  # [C]
     last_index: torch.Tensor  # [B] packed index of each request's last token
+    #: (first, end) when the batch is one request whose kv slots are first, first + 1, ... end - 1:
+    #: attention then reads the KV pool through a slice instead of a gather
+    kv_range: tuple[int, int] | None = None
     _plans: dict[int, SegmentPlan] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -67,7 +75,22 @@ class BatchMeta:
     @cached_property
     def is_decode(self) -> bool:
         """Every request feeds exactly one token and none starts fresh (pure decode step)."""
-        return self.max_new == 1 and not bool(self.fresh.any()) and self.cap_req.numel() == 0
+        return self.max_new == 1 and not self.any_fresh and self.cap_req.numel() == 0
+
+    @cached_property
+    def any_fresh(self) -> bool:
+        """Some request has no cached prefix (host-side, no device sync)."""
+        return 0 in self.prefix_lens
+
+    @cached_property
+    def fresh_all(self) -> bool:
+        """No request has a cached prefix: every initial state is zero."""
+        return not any(self.prefix_lens)
+
+    @cached_property
+    def single_state_slot(self) -> int | None:
+        """The working state slot when the batch holds exactly one request, else None."""
+        return int(self.state_slots[0]) if self.num_reqs == 1 else None
 
     @cached_property
     def kv_lens(self) -> tuple[int, ...]:
@@ -137,10 +160,15 @@ def _build_plan(meta: BatchMeta, chunk: int) -> SegmentPlan:
         req, slot = zip(*items, strict=True)
         return torch.tensor(req, device=dev), torch.tensor(slot, device=dev)
 
+    flat = index.reshape(-1)
+    inverse = torch.nonzero(flat < t).reshape(-1)  # tokens appear in packed order
+    dense = b == 1 and all(ln == chunk for _, ln in segs[0][:-1])
     return SegmentPlan(
         index=index.to(dev),
         capture_at={k: pair(v) for k, v in sorted(cap_seg.items())},
         initial_captures=pair(init_caps) if init_caps else None,
+        inverse=inverse.to(dev),
+        dense=dense,
     )
 
 
@@ -186,6 +214,12 @@ def build_batch_meta(requests: Sequence[SequenceInput], device: torch.device) ->
     tok_off = torch.arange(int(lens_t.sum())) - starts[tok_req]
     positions = tok_off + torch.tensor(pre_lens)[tok_req]
     kv_index = torch.nn.utils.rnn.pad_sequence(kv_rows, batch_first=True, padding_value=0)
+    kv_range = None
+    if len(kv_rows) == 1:
+        row = kv_rows[0]
+        first, last = int(row[0]), int(row[-1])
+        if last - first == row.numel() - 1 and (row.numel() == 1 or bool((row.diff() == 1).all())):
+            kv_range = (first, last + 1)
 
     def dev_long(x: list[int] | torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.long).to(device)
@@ -205,4 +239,5 @@ def build_batch_meta(requests: Sequence[SequenceInput], device: torch.device) ->
         cap_off=dev_long(cap_off),
         cap_slot=dev_long(cap_slot),
         last_index=(lens_t.cumsum(0) - 1).to(device),
+        kv_range=kv_range,
     )

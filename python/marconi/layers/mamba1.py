@@ -14,6 +14,7 @@ from torch import nn
 
 from marconi.layers.batch_meta import BatchMeta
 from marconi.layers.conv import causal_conv1d, causal_conv1d_step
+from marconi.layers.linear import Linear
 from marconi.layers.mlp import activation
 from marconi.layers.norm import RMSNorm
 
@@ -84,13 +85,13 @@ class Mamba1Mixer(nn.Module):
         super().__init__()
         self.d_inner, self.d_state, self.d_conv, self.dt_rank = d_inner, d_state, d_conv, dt_rank
         self.act = activation(act)
-        self.in_proj = nn.Linear(hidden, 2 * d_inner, bias=proj_bias)
+        self.in_proj = Linear(hidden, 2 * d_inner, bias=proj_bias)
         self.conv1d = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, bias=conv_bias)
-        self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
-        self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)
+        self.x_proj = Linear(d_inner, dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = Linear(dt_rank, d_inner, bias=True)
         self.A_log = nn.Parameter(torch.zeros(d_inner, d_state))
         self.D = nn.Parameter(torch.ones(d_inner))
-        self.out_proj = nn.Linear(d_inner, hidden, bias=proj_bias)
+        self.out_proj = Linear(d_inner, hidden, bias=proj_bias)
         self.inner_norms = inner_norms
         if inner_norms:
             self.dt_layernorm = RMSNorm(dt_rank, eps)

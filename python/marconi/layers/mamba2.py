@@ -12,25 +12,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from marconi.layers.batch_meta import BatchMeta, SegmentPlan
-from marconi.layers.conv import causal_conv1d, causal_conv1d_step
+from marconi.layers.conv import causal_conv1d
+from marconi.layers.linear import Linear
 from marconi.layers.mlp import activation
 from marconi.layers.norm import gated_rms_norm
 
 
-def _segsum(x: torch.Tensor) -> torch.Tensor:
-    """[..., L] -> [..., L, L] with out[i, j] = sum(x[j+1 : i+1]) for i >= j, -inf above."""
-    n = x.shape[-1]
-    xe = x.unsqueeze(-1).expand(*x.shape, n)  # [..., k, j] = x[k]
-    strict = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=-1)
-    out = torch.cumsum(xe.masked_fill(~strict, 0.0), dim=-2)
-    lower = torch.tril(torch.ones(n, n, dtype=torch.bool, device=x.device))
-    return out.masked_fill(~lower, float("-inf"))
+def _segments(x: torch.Tensor, plan: SegmentPlan) -> torch.Tensor:
+    """Packed rows x [T, ...] -> padded segments [B * S, Lc, ...] (padding rows are zeros).
 
-
-def _segments(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Gather packed rows x [T, ...] into index's shape (index value T = zero padding)."""
-    pad = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
-    return pad[index]
+    Dense plans (one request) are a view when no padding is needed and one tail pad otherwise;
+    other plans gather through `plan.index` (index value T selects an appended zero row).
+    """
+    r, s, lc = plan.index.shape
+    if plan.dense:
+        pad = r * s * lc - x.shape[0]
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
+        return (
+            x.view(r * s, lc, *x.shape[1:])
+            if x.is_contiguous()
+            else x.reshape(r * s, lc, *x.shape[1:])
+        )
+    padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+    return padded[plan.index.reshape(r * s, lc)]
 
 
 def ssd_scan(
@@ -47,45 +52,59 @@ def ssd_scan(
     x [T, H, P], dt [T, H] (already softplus'd), a [H] (negative), b/c [T, G, N], init [R, H, P, N].
     Returns (y [T, H, P], final state [R, H, P, N], [(slots, states [k, H, P, N]) per capture
     segment]). Padding positions carry dt = 0, so they neither decay nor feed the state.
+
+    Layout: segments of all requests form one batch dim `q = R * S`; the intra-segment part is
+    one batched matmul per step (grouped B/C are never expanded to heads), and the decay matrix
+    is `exp(cumsum_i - cumsum_j)` (the form mamba_ssm's kernels use) built in place.
     """
     t, h, p = x.shape
     g, n = b.shape[1], b.shape[2]
     hpg = h // g
-    idx = plan.index
-    r, s, lc = idx.shape
-    xs = _segments(x.float(), idx)  # [R, S, Lc, H, P]
-    dts = _segments(dt.float(), idx)  # [R, S, Lc, H]
-    bs = _segments(b.float(), idx)  # [R, S, Lc, G, N]
-    cs = _segments(c.float(), idx)
-    da = (dts * a.float()).permute(0, 1, 3, 2)  # [R, S, H, Lc]
-    acs = torch.cumsum(da, dim=-1)
-    xdt = xs * dts.unsqueeze(-1)
-    # 1. intra-segment outputs (the "attention-like" diagonal blocks)
-    cb = torch.einsum("rsign,rsjgn->rsgij", cs, bs)  # [R, S, G, Lc, Lc]
-    decay = torch.exp(_segsum(da)).view(r, s, g, hpg, lc, lc)
-    m = (cb.unsqueeze(3) * decay).view(r, s, h, lc, lc)
-    y = torch.einsum("rshij,rsjhp->rsihp", m, xdt)
-    # 2. each segment's own contribution to the state at its end
-    w = torch.exp(acs[..., -1:] - acs).permute(0, 1, 3, 2).unsqueeze(-1)  # [R, S, Lc, H, 1]
-    xw = (xdt * w).view(r, s, lc, g, hpg, p)
-    seg_states = torch.einsum("rsjgn,rsjgkp->rsgkpn", bs, xw).reshape(r, s, h, p, n)
+    r, s, lc = plan.index.shape
+    q = r * s
+    f32 = torch.float32
+    xs = _segments(x.to(f32), plan)  # [q, Lc, H, P]
+    dts = _segments(dt.to(f32), plan)  # [q, Lc, H]
+    bs = _segments(b.to(f32), plan)  # [q, Lc, G, N]
+    cs = _segments(c.to(f32), plan)
+    acs = torch.cumsum((dts * a.to(f32)).transpose(1, 2), dim=-1)  # [q, H, Lc]
+    # x * dt, head-major [q, H, Lc, P]
+    xdt = torch.empty(q, h, lc, p, dtype=f32, device=x.device)
+    torch.mul(xs.permute(0, 2, 1, 3), dts.transpose(1, 2).unsqueeze(-1), out=xdt)
+    # 1. intra-segment outputs: (C B^T * decay) @ (x dt), per head, B/C shared per group
+    cb = torch.matmul(cs.permute(0, 2, 1, 3), bs.permute(0, 2, 3, 1))  # [q, G, Lc, Lc]
+    decay = acs.unsqueeze(-1) - acs.unsqueeze(-2)  # [q, H, Lc(i), Lc(j)]
+    upper = torch.ones(lc, lc, dtype=torch.bool, device=x.device).triu_(1)
+    decay.masked_fill_(upper, float("-inf")).exp_()
+    decay.view(q, g, hpg, lc, lc).mul_(cb.unsqueeze(2))
+    y = torch.matmul(decay, xdt)  # [q, H, Lc, P]
+    # 2. each segment's own contribution to the state at its end: (x dt w)^T B per group
+    w = torch.exp(acs[..., -1:] - acs)  # [q, H, Lc]
+    xdt.mul_(w.unsqueeze(-1))
+    seg_states = torch.matmul(
+        xdt.view(q, g, hpg, lc, p).transpose(-1, -2).reshape(q, g, hpg * p, lc),
+        bs.transpose(1, 2),  # [q, G, Lc, N]
+    ).view(r, s, h, p, n)
     # 3. inter-segment recurrence: exact states at every segment end (captures come from here)
     seg_decay = torch.exp(acs[..., -1]).view(r, s, h, 1, 1)
-    state = init.float()
-    starts = torch.empty(r, s, h, p, n, dtype=state.dtype, device=state.device)
+    state = init.to(f32)
+    starts = torch.empty(r, s, h, p, n, dtype=f32, device=x.device)
     captured: list[tuple[torch.Tensor, torch.Tensor]] = []
     for k in range(s):
         starts[:, k] = state
-        state = state * seg_decay[:, k] + seg_states[:, k]
+        state = torch.addcmul(seg_states[:, k], state, seg_decay[:, k])
         cap = plan.capture_at.get(k)
         if cap is not None:
             captured.append((cap[1], state[cap[0]]))
-    # 4. contribution of each segment's start state
-    y_off = torch.einsum("rsign,rsgkpn->rsigkp", cs, starts.view(r, s, g, hpg, p, n))
-    y = y + y_off.reshape(r, s, lc, h, p) * torch.exp(acs).permute(0, 1, 3, 2).unsqueeze(-1)
-    out = torch.empty(t + 1, h, p, dtype=y.dtype, device=y.device)
-    out[idx.reshape(-1)] = y.reshape(-1, h, p)
-    return out[:t], state, captured
+    # 4. contribution of each segment's start state: C @ start^T, decayed by exp(acs)
+    y_off = torch.matmul(
+        cs.transpose(1, 2),  # [q, G, Lc, N]
+        starts.view(q, g, hpg * p, n).transpose(-1, -2),  # [q, G, N, hpg * P]
+    )  # [q, G, Lc, hpg * P]
+    y_off = y_off.view(q, g, lc, hpg, p).transpose(2, 3).reshape(q, h, lc, p)
+    y.addcmul_(y_off, torch.exp(acs).unsqueeze(-1))
+    y = y.transpose(1, 2).reshape(q * lc, h, p)  # token-major
+    return (y[:t] if plan.dense else y[plan.inverse]), state, captured
 
 
 class Mamba2Mixer(nn.Module):
@@ -123,7 +142,7 @@ class Mamba2Mixer(nn.Module):
         self.inner = num_heads * head_dim
         self.conv_dim = self.inner + 2 * n_groups * d_state
         self.act = activation(act)
-        self.in_proj = nn.Linear(hidden, self.inner + self.conv_dim + num_heads, bias=proj_bias)
+        self.in_proj = Linear(hidden, self.inner + self.conv_dim + num_heads, bias=proj_bias)
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=conv_bias
         )
@@ -132,7 +151,7 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(num_heads))
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.ones(self.inner))
-        self.out_proj = nn.Linear(self.inner, hidden, bias=proj_bias)
+        self.out_proj = Linear(self.inner, hidden, bias=proj_bias)
 
     @property
     def conv_state_shape(self) -> tuple[int, int]:
@@ -162,21 +181,29 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         slots, km1 = meta.state_slots, self.d_conv - 1
         r = meta.num_reqs
-        init_conv = conv_cache[slots].to(x.dtype)
-        init_ssm = ssm_cache[slots].float()
-        if bool(meta.fresh.any()):
-            keep = (~meta.fresh).to(x.dtype)
-            init_conv = init_conv * keep.view(r, 1, 1)
-            init_ssm = init_ssm * keep.float().view(r, 1, 1, 1)
-        xp = x.new_zeros(r, km1 + meta.max_new, self.conv_dim)
-        xp[:, :km1] = init_conv
-        xp[meta.tok_req, km1 + meta.tok_off] = xbc
+        init_ssm = self._initial_ssm(meta, ssm_cache)
+        if r == 1:  # one request: the conv input is the state followed by the packed rows
+            head = xbc.new_zeros(1, km1, self.conv_dim)
+            if not meta.fresh_all:
+                head.copy_(conv_cache[slots])
+            xp = torch.cat([head, xbc.unsqueeze(0)], dim=1)
+        else:
+            xp = x.new_zeros(r, km1 + meta.max_new, self.conv_dim)
+            xp[:, :km1] = conv_cache[slots].to(x.dtype)
+            if meta.any_fresh:
+                xp[meta.fresh, :km1] = 0.0
+            xp[meta.tok_req, km1 + meta.tok_off] = xbc
         conv = self.act(causal_conv1d(xp, self.conv1d.weight[:, 0], self.conv1d.bias))
-        xbc = conv[meta.tok_req, meta.tok_off]
+        xbc = conv[0] if r == 1 else conv[meta.tok_req, meta.tok_off]
         win = torch.arange(km1, device=x.device)
-        lens = torch.tensor(meta.new_lens, device=x.device)
-        rows = torch.arange(r, device=x.device).unsqueeze(1)
-        conv_cache.index_copy_(0, slots, xp[rows, lens.unsqueeze(1) + win].to(conv_cache.dtype))
+        if r == 1:
+            n0 = meta.new_lens[0]
+            conv_cache.index_copy_(0, slots, xp[:, n0 : n0 + km1].to(conv_cache.dtype))
+        else:
+            lens = torch.tensor(meta.new_lens, device=x.device)
+            rows = torch.arange(r, device=x.device).unsqueeze(1)
+            ends = xp[rows, lens.unsqueeze(1) + win]
+            conv_cache.index_copy_(0, slots, ends.to(conv_cache.dtype))
         if meta.cap_req.numel():
             cap = xp[meta.cap_req.unsqueeze(1), meta.cap_off.unsqueeze(1) + win]
             conv_cache.index_copy_(0, meta.cap_slot, cap.to(conv_cache.dtype))
@@ -200,29 +227,79 @@ class Mamba2Mixer(nn.Module):
             ssm_cache.index_copy_(0, cslots, init_ssm[req].to(ssm_cache.dtype))
         for cslots, st in captured:
             ssm_cache.index_copy_(0, cslots, st.to(ssm_cache.dtype))
-        y = y + xs.float() * self.D.float().view(1, -1, 1)
+        y = (
+            y.addcmul_(xs, self.D.float().view(1, -1, 1))
+            if y.dtype == xs.dtype
+            else (y + xs.float() * self.D.float().view(1, -1, 1))
+        )
         return self._output(y.reshape(t, self.inner).to(x.dtype), z)
+
+    def _initial_ssm(self, meta: BatchMeta, ssm_cache: torch.Tensor) -> torch.Tensor:
+        """Each request's resume SSM state in fp32 [R, H, P, N] (zeros for fresh requests)."""
+        r = meta.num_reqs
+        if meta.fresh_all:
+            return ssm_cache.new_zeros(r, *ssm_cache.shape[1:], dtype=torch.float32)
+        init = ssm_cache[meta.state_slots].float()
+        if meta.any_fresh:
+            init[meta.fresh] = 0.0
+        return init
 
     def _decode(
         self, x: torch.Tensor, meta: BatchMeta, conv_cache: torch.Tensor, ssm_cache: torch.Tensor
     ) -> torch.Tensor:
+        """One token per request. With a single request and fp32 state pools the conv and SSM
+        states are updated in place through views of their slot; otherwise gathered and
+        written back."""
+        bsz, g, n = x.shape[0], self.n_groups, self.d_state
+        hpg = self.num_heads // g
         z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
+        conv_w, conv_b, a_neg, d_skip, dt_bias = self._decode_params(x.dtype)
+        slot = meta.single_state_slot
         slots = meta.state_slots
-        out, new_conv = causal_conv1d_step(
-            conv_cache[slots].to(x.dtype), xbc, self.conv1d.weight[:, 0], self.conv1d.bias
-        )
-        conv_cache.index_copy_(0, slots, new_conv.to(conv_cache.dtype))
-        gn = self.n_groups * self.d_state
-        xs, b, c = self.act(out).float().split([self.inner, gn, gn], dim=-1)
-        bsz, hpg = xs.shape[0], self.num_heads // self.n_groups
-        xs = xs.view(bsz, self.num_heads, self.head_dim)
-        b = b.view(bsz, self.n_groups, 1, self.d_state).expand(-1, -1, hpg, -1)
-        c = c.view(bsz, self.n_groups, 1, self.d_state).expand(-1, -1, hpg, -1)
-        b = b.reshape(bsz, self.num_heads, 1, self.d_state)
-        c = c.reshape(bsz, self.num_heads, self.d_state, 1)
-        dt = self._dt(dt)  # [B, H]
-        da = torch.exp(dt * -torch.exp(self.A_log.float())).view(bsz, self.num_heads, 1, 1)
-        state = ssm_cache[slots].float() * da + (xs * dt.unsqueeze(-1)).unsqueeze(-1) * b
-        ssm_cache.index_copy_(0, slots, state.to(ssm_cache.dtype))
-        y = torch.matmul(state, c).squeeze(-1) + xs * self.D.float().view(1, -1, 1)
-        return self._output(y.reshape(bsz, self.inner).to(x.dtype), z)
+        in_place_conv = slot is not None and conv_cache.dtype == x.dtype
+        cst = conv_cache.narrow(0, slot, 1) if in_place_conv else conv_cache[slots].to(x.dtype)
+        full = torch.cat([cst, xbc.unsqueeze(1)], dim=1)  # [B, K, C]
+        out = (full * conv_w).sum(1)
+        if conv_b is not None:
+            out += conv_b
+        if in_place_conv:
+            cst.copy_(full[:, 1:])
+        else:
+            conv_cache.index_copy_(0, slots, full[:, 1:].to(conv_cache.dtype))
+        xs, b, c = self.act(out).float().split([self.inner, g * n, g * n], dim=-1)
+        dt = F.softplus(dt.float() + dt_bias)
+        lo, hi = self.dt_limit
+        if lo > 0.0 or hi != float("inf"):
+            dt = dt.clamp(min=lo, max=hi)
+        in_place_ssm = slot is not None and ssm_cache.dtype == torch.float32
+        st = ssm_cache.narrow(0, slot, 1) if in_place_ssm else ssm_cache[slots].float()
+        st.mul_(torch.exp(dt * a_neg).view(bsz, self.num_heads, 1, 1))
+        xdt = xs.view(bsz, self.num_heads, self.head_dim) * dt.unsqueeze(-1)
+        sg = st.view(bsz * g, hpg * self.head_dim, n)
+        sg.baddbmm_(xdt.view(bsz * g, hpg * self.head_dim, 1), b.reshape(bsz * g, 1, n))
+        if not in_place_ssm:
+            ssm_cache.index_copy_(0, slots, st.to(ssm_cache.dtype))
+        y = torch.bmm(sg, c.reshape(bsz * g, n, 1)).view(bsz, self.inner)
+        y.addcmul_(xs, d_skip)
+        return self._output(y.to(x.dtype), z)
+
+    def _decode_params(
+        self, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(conv weight [K, C], conv bias, -exp(A_log) [H], D per channel [inner], dt_bias),
+        derived once per weight version instead of once per decode step."""
+        params = (self.conv1d.weight, self.conv1d.bias, self.A_log, self.D, self.dt_bias)
+        key = (dtype, *((p.data_ptr(), p._version) for p in params if p is not None))
+        cached = self.__dict__.get("_derived")
+        if cached is None or cached[0] != key:
+            bias = self.conv1d.bias
+            derived = (
+                self.conv1d.weight[:, 0].t().to(dtype).contiguous(),
+                None if bias is None else bias.detach().to(dtype),
+                -torch.exp(self.A_log.detach().float()),
+                self.D.detach().float().repeat_interleave(self.head_dim),
+                self.dt_bias.detach().float(),
+            )
+            cached = (key, derived)
+            self.__dict__["_derived"] = cached
+        return cached[1]

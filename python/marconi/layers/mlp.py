@@ -8,9 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from marconi.layers.linear import Linear
+
 
 def _relu2(x: torch.Tensor) -> torch.Tensor:
-    return torch.square(F.relu(x))
+    y = F.relu(x)
+    return y.mul_(y)
 
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -47,10 +50,10 @@ class MLP(nn.Module):
         self.intermediate = intermediate
         self.act = activation(act)
         if gated:
-            self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=bias)
+            self.gate_up = Linear(hidden, 2 * intermediate, bias=bias)
         else:
-            self.up = nn.Linear(hidden, intermediate, bias=bias)
-        self.down = nn.Linear(intermediate, hidden, bias=bias)
+            self.up = Linear(hidden, intermediate, bias=bias)
+        self.down = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:

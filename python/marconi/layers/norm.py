@@ -9,6 +9,8 @@ from torch import nn
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`weight * x / rms(x)` over the last dim; statistics in fp32, result in `x.dtype`."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one op (same math in fp32)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (weight.float() * xf).to(x.dtype)
@@ -25,6 +27,9 @@ def gated_rms_norm(
     xf = x.float() * F.silu(gate.float())
     shape = xf.shape
     xg = xf.view(*shape[:-1], shape[-1] // group_size, group_size)
+    if weight.dtype == torch.float32:
+        xg = F.rms_norm(xg, (group_size,), None, eps)
+        return (xg.view(shape) * weight).to(x.dtype)
     xg = xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + eps)
     return (weight.float() * xg.view(shape)).to(x.dtype)
 

@@ -19,6 +19,7 @@ from marconi.layers import (
     build_batch_meta,
 )
 from marconi.layers.attention import RotaryEmbedding
+from marconi.layers.linear import Linear
 from marconi.models.batch import ForwardBatch, ForwardOutput
 from marconi.models.config import SSM_KINDS, HybridConfig, SublayerSpec
 from marconi.models.memory import HybridMemory
@@ -75,7 +76,7 @@ class HybridForCausalLM(nn.Module):
             Sublayer(s, config.hidden_size, config.norm_eps) for s in config.sublayers
         )
         self.final_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         # index of each sublayer inside HybridMemory's attention / SSM stacks
         attn = ssm = 0
         self._mem_index: list[int] = []
@@ -160,7 +161,10 @@ class HybridForCausalLM(nn.Module):
                 y = layer.mixer(x, meta, memory.conv[mi], memory.ssm[mi])
             else:
                 y = layer.mixer(x)
-            h = h + y if cfg.residual_multiplier == 1.0 else h + y * cfg.residual_multiplier
+            if cfg.residual_multiplier == 1.0:
+                h += y  # h is this forward's own buffer (embedding output or a sum)
+            else:
+                h.add_(y, alpha=cfg.residual_multiplier)
         last = self._logits(h[meta.last_index])
         all_logits = None
         if batch.return_all_logits:
