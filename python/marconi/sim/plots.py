@@ -10,9 +10,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from marconi.sim.sweep import Row
+
+
+def _finish(fig: Figure, ax: Axes, path: Path) -> Path:
+    """Legend, layout, save as PNG, free the figure."""
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot_hit_vs_capacity(rows: Sequence[Row], out_dir: Path) -> list[Path]:
@@ -36,12 +47,7 @@ def plot_hit_vs_capacity(rows: Sequence[Row], out_dir: Path) -> list[Path]:
         ax.set_ylabel("token hit rate (%)")
         ax.set_title(f"{trace}: hit rate vs capacity")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        path = out_dir / f"hit_vs_capacity_{trace}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_finish(fig, ax, out_dir / f"hit_vs_capacity_{trace}.png"))
     return paths
 
 
@@ -63,10 +69,5 @@ def plot_hit_by_length(rows: Sequence[Row], out_dir: Path) -> list[Path]:
         ax.set_xlabel("input length (tokens)")
         ax.set_ylabel("token hit rate (%)")
         ax.set_title(f"{trace}: hit rate by input length ({cap / 1e9:g} GB)")
-        ax.legend(fontsize=7)
-        path = out_dir / f"hit_by_length_{trace}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_finish(fig, ax, out_dir / f"hit_by_length_{trace}.png"))
     return paths
