@@ -161,6 +161,8 @@ class Session:
         )
         self._rid += 1
         req.init_next_round_input(fx.cache)
+        if fx.pool.mamba_allocator.available_size() < 1:  # as the scheduler: free a state first
+            fx.cache.evict(EvictParams(mamba_num=1))
         fx.pool.alloc([req])
         req.lock = fx.cache.lock(req.last_node)
         prefix = fx.cache.path_device_indices(req.last_node)[: req.prefix_len]

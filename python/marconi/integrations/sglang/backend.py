@@ -19,7 +19,9 @@ controller to delete or tombstones one internal state per step. Not supported wi
 (rejected at construction): HiCache, session radix cache, int8 Mamba checkpoints.
 
 The decisions are made by ``marconi.cache`` classes through ``MarconiPolicy``; the cost model
-comes from the served model's HF config (``cost_model_from_hf_config``).
+comes from the served model's HF config (``cost_model_from_hf_config``). With
+``--marconi-alpha auto`` (the default) ``BackendAlphaTuner`` (``tuning.py``) is fed every finished
+request (``checkpoint_into_tree`` of a finished request) and moves the policy's alpha.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from marconi.cache.cost import CostModel, cost_model_from_hf_config
-from marconi.integrations.sglang.plugin import ALPHA_ENV, BACKEND_NAME
+from marconi.integrations.sglang.plugin import ALPHA_ENV, BACKEND_NAME, parse_alpha
 from marconi.integrations.sglang.policy import MarconiPolicy
+from marconi.integrations.sglang.tuning import AUTO_ALPHA_START, BackendAlphaTuner
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -49,7 +52,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["BACKEND_NAME", "MarconiRadixCache", "marconi_cache_factory"]
-DEFAULT_ALPHA = 1.0
 
 
 def _policy(component: Any) -> MarconiPolicy:
@@ -183,9 +185,12 @@ class MarconiMambaComponent(MambaComponent):
 
 class MarconiRadixCache(UnifiedRadixCache):
     """``UnifiedRadixCache`` with Marconi's components. ``marconi`` carries the policies, the
-    cost model and the stats (``marconi.stats``, logged every 100 admission decisions)."""
+    cost model and the stats (``marconi.stats``, logged every 100 admission decisions).
+    ``tune_alpha``: feed a ``BackendAlphaTuner`` (``marconi_tuner``) with finished requests."""
 
-    def __init__(self, params: CacheInitParams, marconi: MarconiPolicy) -> None:
+    def __init__(
+        self, params: CacheInitParams, marconi: MarconiPolicy, tune_alpha: bool = False
+    ) -> None:
         if params.enable_session_radix_cache:
             raise ValueError("--prefix-cache marconi does not support the session radix cache")
         if getattr(params.req_to_token_pool, "mamba_ckpt_pool", None) is not None:
@@ -198,7 +203,20 @@ class MarconiRadixCache(UnifiedRadixCache):
         }
         params.tree_core_backend = "python"  # the components read Python tree nodes
         super().__init__(params)
-        logger.info("marconi backend: %s, alpha=%g", marconi.cost.describe(), marconi.stats.alpha)
+        self.marconi_tuner: BackendAlphaTuner | None = None
+        if tune_alpha:
+            mamba_pool = getattr(params.req_to_token_pool, "mamba_pool", None)
+            self.marconi_tuner = BackendAlphaTuner(
+                marconi,
+                kv_slots=params.token_to_kv_pool_allocator.size,
+                state_slots=mamba_pool.size if mamba_pool is not None else 0,
+                page_size=params.page_size,
+            )
+        logger.info(
+            "marconi backend: %s, alpha=%s",
+            marconi.cost.describe(),
+            "auto" if tune_alpha else f"{marconi.alpha:g}",
+        )
 
     def init_hicache(self, *args: Any, **kwargs: Any) -> None:
         raise ValueError("--prefix-cache marconi does not support HiCache")
@@ -210,10 +228,20 @@ class MarconiRadixCache(UnifiedRadixCache):
         )
         return result
 
+    def checkpoint_into_tree(self, req: Req, *, up_to: int, **kwargs: Any) -> None:
+        """SGLang's insert; a finished request is then fed to the alpha tuner (its prompt and
+        the tokens it computed, ``[0, up_to)`` = prompt + output[:-1])."""
+        finished = req.finished()
+        super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
+        if finished and self.marconi_tuner is not None and not self.disable:
+            fed = req.full_untruncated_fill_ids[:up_to]
+            self.marconi_tuner.observe(req.origin_input_ids, fed)
 
-def alpha_from_env() -> float:
-    """The FLOP-aware weight: ``$SGLANG_MARCONI_ALPHA`` (set by ``--marconi-alpha``) or 1.0."""
-    return float(os.environ.get(ALPHA_ENV, DEFAULT_ALPHA))
+
+def alpha_from_env() -> float | None:
+    """The FLOP-aware weight from ``$SGLANG_MARCONI_ALPHA`` (set by ``--marconi-alpha``):
+    None for ``auto`` or unset (tuned online), else the fixed float."""
+    return parse_alpha(os.environ.get(ALPHA_ENV))
 
 
 def cost_model_for(ctx: TreeCacheBuildContext) -> CostModel:
@@ -227,6 +255,8 @@ def cost_model_for(ctx: TreeCacheBuildContext) -> CostModel:
 def marconi_cache_factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     """The factory registered as ``marconi``: SGLang's own construction path
     (``create_unified_radix_cache``) with ``MarconiRadixCache`` as the class."""
-    policy = MarconiPolicy(cost_model_for(ctx), alpha=alpha_from_env())
-    cache_class = functools.partial(MarconiRadixCache, marconi=policy)
+    alpha = alpha_from_env()
+    start = AUTO_ALPHA_START if alpha is None else alpha
+    policy = MarconiPolicy(cost_model_for(ctx), alpha=start)
+    cache_class = functools.partial(MarconiRadixCache, marconi=policy, tune_alpha=alpha is None)
     return create_unified_radix_cache(ctx, cache_class=cache_class)  # type: ignore[arg-type]

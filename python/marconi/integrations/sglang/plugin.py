@@ -8,8 +8,9 @@ SGLang calls ``register()`` in every process it starts (launcher, scheduler, det
    plugin costs nothing until the cache is built;
 2. adds two flags to SGLang's server parser (an AFTER hook on ``ServerArgs.add_cli_args``):
    ``--prefix-cache {marconi,lru}``, which sets ``radix_cache_backend`` (``lru`` = SGLang's
-   default cache, i.e. no backend), and ``--marconi-alpha``, the FLOP-aware weight, passed to the
-   scheduler processes through ``$SGLANG_MARCONI_ALPHA``.
+   default cache, i.e. no backend), and ``--marconi-alpha``, the FLOP-aware weight (``auto``, the
+   default: tuned online; or a fixed float), passed to the scheduler processes through
+   ``$SGLANG_MARCONI_ALPHA``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ ALPHA_ENV = "SGLANG_MARCONI_ALPHA"
 #: ``--prefix-cache`` value -> ``--radix-cache-backend`` value (None: SGLang's default chain)
 PREFIX_CACHE_CHOICES: dict[str, str | None] = {"marconi": BACKEND_NAME, "lru": None}
 ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
+AUTO = "auto"
+
+
+def parse_alpha(text: str | float | None) -> float | None:
+    """``"auto"`` or None -> None (tuned online); else a float >= 0 (raises ValueError)."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == AUTO):
+        return None
+    alpha = float(text)
+    if not alpha >= 0:
+        raise ValueError(f"--marconi-alpha must be 'auto' or a float >= 0, got {text!r}")
+    return alpha
 
 
 def _factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
@@ -51,7 +63,8 @@ class PrefixCacheAction(argparse.Action):
 
 
 class MarconiAlphaAction(argparse.Action):
-    """``--marconi-alpha X``: exported as ``$SGLANG_MARCONI_ALPHA`` for the cache processes."""
+    """``--marconi-alpha auto|X``: exported as ``$SGLANG_MARCONI_ALPHA`` for the cache
+    processes (the namespace gets None for ``auto``, else the float)."""
 
     def __call__(
         self,
@@ -60,10 +73,11 @@ class MarconiAlphaAction(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        alpha = float(str(values))
-        if alpha < 0:
-            parser.error(f"--marconi-alpha must be >= 0, got {alpha}")
-        os.environ[ALPHA_ENV] = repr(alpha)
+        try:
+            alpha = parse_alpha(str(values))
+        except ValueError as e:
+            parser.error(str(e))
+        os.environ[ALPHA_ENV] = AUTO if alpha is None else repr(alpha)
         setattr(namespace, self.dest, alpha)
 
 
@@ -85,8 +99,9 @@ def add_prefix_cache_args(parser: argparse.ArgumentParser) -> None:
         "--marconi-alpha",
         action=MarconiAlphaAction,
         default=None,
-        help="Weight of FLOP efficiency against recency in Marconi's eviction score "
-        "(0 = LRU over the same candidates; default 1.0).",
+        help="Weight of FLOP efficiency against recency in Marconi's eviction score: 'auto' "
+        "(default) tunes it online with shadow caches fed by finished requests; a float >= 0 "
+        "fixes it (0 = LRU over the same candidates).",
     )
 
 

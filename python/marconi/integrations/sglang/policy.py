@@ -90,6 +90,18 @@ class MarconiPolicy:
         self.stats = MarconiStats(alpha=float(alpha))
         self._events = 0
 
+    @property
+    def alpha(self) -> float:
+        """The FLOP-aware weight (0.0 for a policy without one)."""
+        return float(getattr(self.eviction, "alpha", 0.0))
+
+    def set_alpha(self, alpha: float) -> None:
+        """Change the FLOP-aware weight (alpha tuning). Nothing else to reorder: the backend's
+        components build their eviction order at the start of each eviction walk."""
+        if hasattr(self.eviction, "alpha"):
+            self.eviction.alpha = float(alpha)  # type: ignore[attr-defined]
+            self.stats.alpha = float(alpha)
+
     # ------------------------------------------------------------------ admission
     def wanted_positions(
         self,
