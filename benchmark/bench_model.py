@@ -13,7 +13,6 @@ of its repetitions, so a noisy neighbour on a shared machine hits both sides ali
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,30 +20,13 @@ from typing import Any
 
 import torch
 from marconi.models import ForwardBatch, HybridForCausalLM, SequenceInput, load_model
-from marconi.models.tiny import TINY_CONFIG, _tiny_weights, ensure_tiny, write_hf_folder
-
-_PATTERN_150M = "M-M-M-M-*-M-M-M-M-M-M-M-M-*-M-M-M-M-"
+from marconi.models.tiny import ensure_tiny
 
 
-def _folder(name: str, root: Path) -> Path:
-    if name == "tiny":
-        return ensure_tiny("tiny")
-    if name == "150m":
-        cfg = {
-            **TINY_CONFIG,
-            "hidden_size": 768,
-            "layers_block_type": [
-                {"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c]
-                for c in _PATTERN_150M
-            ],
-            "num_hidden_layers": len(_PATTERN_150M),
-            "num_attention_heads": 12,
-            "num_key_value_heads": 4,
-            "mamba_num_heads": 24,
-            "intermediate_size": 3072,
-            "chunk_size": 128,
-        }
-        return write_hf_folder(root / "150m", cfg, _tiny_weights(cfg, seed=0))
+def _folder(name: str) -> Path:
+    """`tiny`, `150m` (the embedded `small`) or a local HF folder."""
+    if name in ("tiny", "150m"):
+        return ensure_tiny({"150m": "small"}.get(name, name))
     return Path(name)
 
 
@@ -111,14 +93,13 @@ def main() -> None:
         args.models, args.lengths, args.threads, args.reps = "tiny,150m", "512,2048", "1", 2
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    root = Path(tempfile.mkdtemp(prefix="marconi-bench-"))
     rows = [
         "| model | threads | metric | ours | transformers | ratio |",
         "|---|---|---|---|---|---|",
     ]
     g = torch.Generator().manual_seed(0)
     for name in args.models.split(","):
-        folder = _folder(name, root)
+        folder = _folder(name)
         ours = load_model(folder, device=dev)
         params = sum(p.numel() for p in ours.parameters()) / 1e6
         hf = None

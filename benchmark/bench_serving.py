@@ -162,7 +162,8 @@ async def run_session(
         history = prompt + reply
 
 
-async def bench(args: argparse.Namespace, sessions: list[list[Turn]]) -> dict:
+async def bench(args: argparse.Namespace, sessions: list[list[Turn]]) -> tuple[list[Result], float]:
+    """One replay of every session against ``args.base_url``: its results and its duration."""
     limits = httpx.Limits(max_connections=args.max_concurrency)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as http:
         model = args.model or (await http.get(f"{args.base_url}/v1/models")).json()["data"][0]["id"]
@@ -170,16 +171,18 @@ async def bench(args: argparse.Namespace, sessions: list[list[Turn]]) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(run_session(http, args, model, s, t0, results) for s in sessions))
         duration = time.perf_counter() - t0
-    return summarize(results, duration)
+    return results, duration
 
 
-def summarize(results: list[Result], duration: float) -> dict:
+def summarize(results: list[Result], duration: float, rounds: int = 1) -> dict:
+    """Percentiles over every request of every round; ``duration`` sums the rounds."""
     ok = [r for r in results if r.error is None]
     ttft = np.array([r.ttft for r in ok if r.ttft == r.ttft]) * 1e3
     itl = np.array([x for r in ok for x in r.itl]) * 1e3
     pct = lambda a, q: float(np.percentile(a, q)) if len(a) else float("nan")  # noqa: E731
     prompt = sum(r.prompt_tokens for r in ok)
     return {
+        "rounds": rounds,
         "requests": len(results),
         "errors": len(results) - len(ok),
         "first_error": next((r.error for r in results if r.error), None),
@@ -221,13 +224,13 @@ def row(name: str, s: dict) -> str:
     return (
         f"| {name} | {s['requests']} | {s['errors']} | {t['p50']:.0f} | {t['p95']:.0f} | "
         f"{t['p99']:.0f} | {i['p50']:.0f} | {i['p95']:.0f} | {s['output_throughput']:.1f} | "
-        f"{100 * s['cached_fraction']:.1f}% | {s['duration_s']:.0f} |"
+        f"{100 * s['cached_fraction']:.1f}% | {s['duration_s'] / s['rounds']:.0f} |"
     )
 
 
 HEADER = (
     "| run | requests | errors | TTFT P50 ms | TTFT P95 ms | TTFT P99 ms | ITL P50 ms | "
-    "ITL P95 ms | output tok/s | cached tokens | duration s |\n|" + "---|" * 11
+    "ITL P95 ms | output tok/s | cached tokens | duration s (per round) |\n|" + "---|" * 11
 )
 
 
@@ -249,6 +252,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--launch", default=None, help="comma-separated policies: start our server")
     p.add_argument("--server-args", default="--model tiny --cache-memory 256MB")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --launch: interleaved replays per policy, percentiles pooled over all of them",
+    )
     p.add_argument("--json", default=None, help="write the summaries here")
     args = p.parse_args(argv)
     sessions = build_sessions(args)
@@ -256,16 +265,27 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(sessions)} sessions, {n} requests from {args.trace}", file=sys.stderr)
     summaries = {}
     if args.launch:
-        for policy in args.launch.split(","):
-            proc, args.base_url = launch(policy, args)
-            try:
-                summaries[policy] = asyncio.run(bench(args, sessions))
-            finally:
-                proc.terminate()
-                proc.wait(30)
-            print(row(policy, summaries[policy]), file=sys.stderr)
+        policies = args.launch.split(",")
+        pooled: dict[str, list[Result]] = {p: [] for p in policies}
+        spent = dict.fromkeys(policies, 0.0)
+        for rnd in range(args.rounds):  # interleaved, so drifting machine load hits all alike
+            for policy in policies:
+                proc, args.base_url = launch(policy, args)
+                try:
+                    results, duration = asyncio.run(bench(args, sessions))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+                pooled[policy] += results
+                spent[policy] += duration
+                print(
+                    f"round {rnd + 1}/{args.rounds} " + row(policy, summarize(results, duration)),
+                    file=sys.stderr,
+                )
+        for policy in policies:
+            summaries[policy] = summarize(pooled[policy], spent[policy], args.rounds)
     else:
-        summaries[args.base_url] = asyncio.run(bench(args, sessions))
+        summaries[args.base_url] = summarize(*asyncio.run(bench(args, sessions)))
     print(HEADER)
     for name, s in summaries.items():
         print(row(name, s))

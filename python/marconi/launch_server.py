@@ -22,7 +22,7 @@ from marconi.engine.config import NO_CACHE, EngineConfig, prefix_cache_choices
 log = logging.getLogger("marconi.server")
 
 _HELP = {
-    "model": "embedded model (tiny, tiny-jamba) or a local HF model folder",
+    "model": "embedded model (tiny, tiny-jamba, small) or a local HF model folder",
     "prefix_cache": "prefix-cache policy preset, or none",
     "cache_memory": "KV + SSM-state budget: 2GB, 512MiB, or a fraction of device memory (0.2)",
     "alpha": "FLOP-aware eviction weight: auto or a float >= 0",

@@ -59,7 +59,7 @@ def parse_alpha(text: str | float) -> float | None:
 class EngineConfig:
     """Everything the engine needs; the server's flags are generated from these fields.
 
-    - ``model``: ``tiny`` / ``tiny-jamba`` (embedded, built on first use) or a local HF folder.
+    - ``model``: ``tiny`` / ``tiny-jamba`` / ``small`` (embedded, built on first use) or a local HF folder.
     - ``prefix_cache``: a cache preset (``marconi.cache.presets``) or ``none``.
     - ``cache_memory``: one byte budget for KV + SSM states, request working memory included
       (``2GB``, ``512MiB``, or a fraction of the device's memory such as ``0.2``). The model's

@@ -1,4 +1,5 @@
-"""The embedded default models, `tiny` (Nemotron-H layout) and `tiny-jamba`.
+"""The embedded models: `tiny` (the default, Nemotron-H layout), `tiny-jamba` and `small` (a
+~150M-parameter Nemotron-H layout for benchmarks closer to real per-token costs).
 
 Created from a fixed seed on first use and saved in HF format (config.json + model.safetensors)
 under `$MARCONI_CACHE_DIR/models/<name>` (default `~/.cache/marconi`), then loaded like any other
@@ -51,6 +52,23 @@ TINY_CONFIG: dict[str, Any] = {
     "eos_token_id": EOS,
     "pad_token_id": PAD,
     "max_position_embeddings": 65536,
+}
+
+_SMALL_PATTERN = "M-M-M-M-*-M-M-M-M-M-M-M-M-*-M-M-M-M-"
+
+#: ~149M parameters: 16 Mamba-2 + 2 attention + 18 MLP layers, D 768.
+SMALL_CONFIG: dict[str, Any] = {
+    **TINY_CONFIG,
+    "hidden_size": 768,
+    "layers_block_type": [
+        {"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c] for c in _SMALL_PATTERN
+    ],
+    "num_hidden_layers": len(_SMALL_PATTERN),
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "mamba_num_heads": 24,
+    "intermediate_size": 3072,
+    "chunk_size": 128,
 }
 
 TINY_JAMBA_CONFIG: dict[str, Any] = {
@@ -194,6 +212,7 @@ TINY_MODELS: dict[
 ] = {
     "tiny": (TINY_CONFIG, _tiny_weights),
     "tiny-jamba": (TINY_JAMBA_CONFIG, _tiny_jamba_weights),
+    "small": (SMALL_CONFIG, _tiny_weights),
 }
 
 
