@@ -10,13 +10,16 @@ SGLang calls ``register()`` in every process it starts (launcher, scheduler, det
    ``--prefix-cache {marconi,lru}``, which sets ``radix_cache_backend`` (``lru`` = SGLang's
    default cache, i.e. no backend), and ``--marconi-alpha``, the FLOP-aware weight (``auto``, the
    default: tuned online; or a fixed float), passed to the scheduler processes through
-   ``$SGLANG_MARCONI_ALPHA``.
+   ``$SGLANG_MARCONI_ALPHA``;
+3. registers ``JambaForCausalLM`` (``integrations/sglang/models/jamba.py``) with SGLang's model
+   registry and its config (``jamba_config.register_jamba_config``): see ``register_models``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,9 @@ ALPHA_ENV = "SGLANG_MARCONI_ALPHA"
 PREFIX_CACHE_CHOICES: dict[str, str | None] = {"marconi": BACKEND_NAME, "lru": None}
 ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
 AUTO = "auto"
+MODELS_PACKAGE = "marconi.integrations.sglang.models"
+EXTERNAL_MODELS_ENV = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+REGISTRY_MODULE = "sglang.srt.models.registry"
 
 
 def parse_alpha(text: str | float | None) -> float | None:
@@ -109,6 +115,28 @@ def _after_add_cli_args(result: Any, parser: argparse.ArgumentParser, *args: Any
     add_prefix_cache_args(parser)
 
 
+def register_models() -> None:
+    """Make SGLang's ``ModelRegistry`` serve ``MODELS_PACKAGE``'s models (idempotent).
+
+    SGLang's supported mechanism is ``$SGLANG_EXTERNAL_MODEL_PACKAGE``, read once when
+    ``sglang.srt.models.registry`` is first imported: the registry then loads that package's
+    ``EntryClass``es first and SGLang's own models only when another architecture is asked for.
+    When the variable is free it is set here (every process SGLang spawns inherits it, and the
+    plugin runs before the registry is imported); when the registry is already imported, or the
+    variable names another package, the package is added with ``ModelRegistry.register`` (which
+    imports SGLang's models first, as it always does)."""
+    current = os.environ.get(EXTERNAL_MODELS_ENV)
+    if not current:
+        os.environ[EXTERNAL_MODELS_ENV] = current = MODELS_PACKAGE
+    if REGISTRY_MODULE in sys.modules or current != MODELS_PACKAGE:
+        from sglang.srt.models.registry import ModelRegistry
+
+        from marconi.integrations.sglang.jamba_config import ARCH
+
+        if ARCH not in ModelRegistry.models:
+            ModelRegistry.register(MODELS_PACKAGE, overwrite=True)
+
+
 def register() -> None:
     """The plugin entry point (idempotent)."""
     from sglang.srt.mem_cache.registry import (
@@ -122,3 +150,8 @@ def register() -> None:
     hooks = HookRegistry._hooks.get(ADD_CLI_ARGS_TARGET, [])
     if not any(h is _after_add_cli_args for _, h, _ in hooks):
         HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
+
+    from marconi.integrations.sglang.jamba_config import register_jamba_config
+
+    register_jamba_config()
+    register_models()
