@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# GPU check of the SGLang plugin (never needed by CI; fits one 10-minute device call).
-# Builds the tiny random Nemotron-H (HF format, `marconi.models.tiny`), launches SGLang 0.5.23
-# twice -- `--prefix-cache lru` (SGLang's default cache) and `--prefix-cache marconi` -- replays
-# the same short multi-turn workload (sglang_replay.py) and prints hit rate and TTFT side by side.
+# GPU check of the SGLang plugin (never needed by CI; one model fits one 10-minute device call).
+# Builds the tiny random Nemotron-H and Jamba (HF format, `marconi.models.tiny`: `tiny`,
+# `tiny-jamba`), launches SGLang 0.5.23 twice per model -- `--prefix-cache lru` (SGLang's default
+# cache) and `--prefix-cache marconi` -- replays the same short multi-turn workload
+# (sglang_replay.py) and prints hit rate and TTFT side by side. `tiny-jamba` is served by the
+# plugin's JambaForCausalLM (docs/sglang.md); SGLang picks `no_buffer` Mamba caching for it.
+# MODELS="tiny" or MODELS="tiny-jamba" runs one model (default: both, one after the other); extra
+# server flags for the Jamba runs go in JAMBA_FLAGS.
 #
 # Needs an environment with the full `sglang==0.5.23` CUDA stack and this repo's plugin installed
 # (the script installs the plugin with `pip install -e python`). The device machine has no internet and a carry limit of
@@ -20,31 +24,36 @@ if ! "$PY" -c "import sglang, torch; assert torch.cuda.is_available()" 2>/dev/nu
   exit 2
 fi
 "$PY" -m pip install --quiet --no-deps --no-build-isolation -e python >/dev/null
-MODEL=$("$PY" -c "from marconi.models.tiny import ensure_tiny; print(ensure_tiny('tiny'))")
+MODELS=${MODELS:-tiny tiny-jamba}
 PORT=30000
-run() {  # $1 = label, rest = extra server flags
-  local label=$1; shift
-  "$PY" -m sglang.launch_server --model-path "$MODEL" --skip-tokenizer-init --port $PORT \
+run() {  # $1 = model folder, $2 = label, rest = extra server flags
+  local model=$1 label=$2; shift 2
+  "$PY" -m sglang.launch_server --model-path "$model" --skip-tokenizer-init --port $PORT \
     --mem-fraction-static 0.3 --max-running-requests 16 --log-level warning "$@" \
-    >"$OUT/server-$label.log" 2>&1 &
+    >"$OUT/server-${label//\//-}.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 120); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-    kill -0 $pid 2>/dev/null || { tail -30 "$OUT/server-$label.log"; return 1; }
+    kill -0 $pid 2>/dev/null || { tail -30 "$OUT/server-${label//\//-}.log"; return 1; }
     sleep 2
   done
   timeout 150 "$PY" benchmark/device/sglang_replay.py --url "http://127.0.0.1:$PORT" \
     --label "$label" | tee -a "$OUT/results.jsonl"
   kill $pid; wait $pid 2>/dev/null || true
-  grep -m3 "marconi" "$OUT/server-$label.log" || true
+  grep -m3 "marconi" "$OUT/server-${label//\//-}.log" || true
 }
 : >"$OUT/results.jsonl"
-run lru --prefix-cache lru
-run marconi --prefix-cache marconi --marconi-alpha 1.0
+for name in $MODELS; do
+  model=$("$PY" -c "from marconi.models.tiny import ensure_tiny; print(ensure_tiny('$name'))")
+  extra=()
+  [[ $name == tiny-jamba ]] && read -ra extra <<<"${JAMBA_FLAGS:-}"
+  run "$model" "$name/lru" --prefix-cache lru "${extra[@]}"
+  run "$model" "$name/marconi" --prefix-cache marconi --marconi-alpha 1.0 "${extra[@]}"
+done
 "$PY" - "$OUT/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"{'cache':<10}{'hit rate':>10}{'TTFT P50 ms':>14}{'TTFT P95 ms':>14}")
+print(f"{'model/cache':<22}{'hit rate':>10}{'TTFT P50 ms':>14}{'TTFT P95 ms':>14}")
 for r in rows:
-    print(f"{r['label']:<10}{r['hit_rate']:>10.3f}{r['ttft_p50_ms']:>14.2f}{r['ttft_p95_ms']:>14.2f}")
+    print(f"{r['label']:<22}{r['hit_rate']:>10.3f}{r['ttft_p50_ms']:>14.2f}{r['ttft_p95_ms']:>14.2f}")
 PY

@@ -133,7 +133,7 @@ def test_mamba_pool_holds_mamba1_states_sized_like_marconis_cost_model(
     assert params.shape.temporal == (d_inner, 1, d_state)
     assert (params.dtype.conv, params.dtype.temporal) == (torch.bfloat16, torch.float32)
     layers = len(params.layers)
-    if name == "tiny-jamba":  # a real MambaPool (jamba-1.5-mini's would take ~36 MiB a slot)
+    if name == "tiny-jamba":  # a real MambaPool (jamba-1.5-mini's: ~15 MiB a slot)
         pool = HybridReqToTokenPool(
             size=2, mamba_size=3, mamba_spec_state_size=3, max_context_len=64, device="cpu",
             enable_memory_saver=False, cache_params=params, mamba_layer_ids=params.layers,
