@@ -50,7 +50,7 @@ SGL_STAMP := $(SGL_VENV)/.installed
 SGLANG    ?= sglang==0.5.23
 SGL_TORCH ?= torch==2.14.1 torchvision==0.29.1
 SGL_DEPS  := orjson psutil pybase64 requests pillow starlette msgspec pydantic pyzmq aiohttp \
-	IPython dill gguf partial-json-parser triton "transformers==5.19.0" "openai==2.8.0" \
+	IPython dill einops gguf partial-json-parser triton "transformers==5.19.0" "openai==2.8.0" \
 	"apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0"
 
 .PHONY: install-sglang test-sglang
