@@ -1,7 +1,9 @@
-"""Byte sizes from the command line: ``40GB``, ``512MiB``, ``1e9``."""
+"""Values from the command line: byte sizes (``40GB``, ``512MiB``, ``1e9``) and the eviction
+weight alpha (``auto`` or a float >= 0)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -23,3 +25,21 @@ def parse_bytes(text: str | int | float) -> int:
     """``"40GB"`` -> 40e9, ``"1.5GiB"`` -> 1.5 * 2**30; plain numbers are bytes."""
     value, unit = split_size(text)
     return int(value * _UNITS[unit])
+
+
+#: the alpha that means "tuned online"
+AUTO = "auto"
+
+
+def parse_alpha(text: str | float | None) -> float | None:
+    """The FLOP-aware eviction weight: ``"auto"`` or None -> None (tuned online); else a finite
+    float >= 0. Raises ValueError for anything else."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == AUTO):
+        return None
+    try:
+        alpha = float(text)
+    except ValueError:
+        raise ValueError(f"alpha must be 'auto' or a number >= 0, got {text!r}") from None
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be 'auto' or a number >= 0, got {text!r}")
+    return alpha

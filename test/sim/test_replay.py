@@ -10,6 +10,7 @@ from marconi.cache.presets import PRESETS
 from marconi.sim.cli import main
 from marconi.sim.simulate import SimSpec, infinite_bound, parse_bytes, simulate
 from marconi.sim.traces import default_trace_dir, load_trace
+from marconi.units import parse_alpha
 from synthetic import one_off_docs_and_chats, recurring_docs
 
 COST = load_cost_model("paper-7b")
@@ -94,6 +95,21 @@ def test_parse_bytes_accepts_units_and_rejects_garbage() -> None:
     assert parse_bytes(1024) == 1024
     with pytest.raises(ValueError, match="not a size"):
         parse_bytes("lots")
+
+
+def test_parse_alpha_accepts_auto_and_non_negative_floats_only() -> None:
+    assert (
+        parse_alpha("auto") is None and parse_alpha(" AUTO ") is None and parse_alpha(None) is None
+    )
+    assert parse_alpha("0") == 0.0 and parse_alpha(2) == 2.0
+    for bad in ("-1", "nan", "inf", "fast"):
+        with pytest.raises(ValueError, match="alpha must be"):
+            parse_alpha(bad)
+
+
+def test_cli_rejects_a_negative_alpha(capsys) -> None:
+    with pytest.raises(SystemExit, match="--alpha must be"):
+        main(["run", "--trace", "sharegpt", "--capacity", "1GB", "--alpha", "-1"])
 
 
 @needs_traces

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from marconi.cache.presets import PRESETS
-from marconi.units import parse_bytes, split_size
+from marconi.units import parse_alpha, parse_bytes, split_size
 
 #: ``--prefix-cache`` choices: every cache preset, plus ``none`` (no reuse, same memory pools).
 NO_CACHE = "none"
@@ -45,21 +45,12 @@ def device_memory_bytes(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def parse_alpha(text: str | float) -> float | None:
-    """``"auto"`` -> None (tuned online, or the preset's choice); else a float >= 0."""
-    if isinstance(text, str) and text.strip().lower() == "auto":
-        return None
-    alpha = float(text)
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    return alpha
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs; the server's flags are generated from these fields.
 
-    - ``model``: ``tiny`` / ``tiny-jamba`` / ``small`` (embedded, built on first use) or a local HF folder.
+    - ``model``: ``tiny`` / ``tiny-jamba`` / ``small`` (embedded, built on first use) or a local
+      HF folder.
     - ``prefix_cache``: a cache preset (``marconi.cache.presets``) or ``none``.
     - ``cache_memory``: one byte budget for KV + SSM states, request working memory included
       (``2GB``, ``512MiB``, or a fraction of the device's memory such as ``0.2``). The model's

@@ -18,6 +18,7 @@ from marconi.cache.tuning import TUNERS
 from marconi.sim.latency import PROFILES
 from marconi.sim.simulate import SimSpec, parse_bytes, simulate
 from marconi.sim.traces import load_trace
+from marconi.units import AUTO, parse_alpha
 
 _DEFAULT = SimSpec()
 
@@ -70,24 +71,24 @@ def _load(spec: str, args: argparse.Namespace):
 
 
 def _alpha(text: str) -> str | float:
-    if text == "auto":
-        return text
     try:
-        return float(text)
-    except ValueError:
-        raise SystemExit(f"marconi-sim: --alpha must be 'auto' or a number, got {text!r}") from None
+        alpha = parse_alpha(text)
+    except ValueError as e:
+        raise SystemExit(f"marconi-sim: --{e}") from None
+    return AUTO if alpha is None else alpha
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if len(args.trace) != 1:
         raise SystemExit("marconi-sim run: give exactly one --trace (use sweep for several)")
+    alpha = _alpha(args.alpha)  # bad arguments fail before the trace is read
     cost = load_cost_model(args.model)
     trace = _load(args.trace[0], args)
     spec = SimSpec(
         policy=args.policy,
         capacity_bytes=parse_bytes(args.capacity),
         mode=args.mode,
-        alpha=_alpha(args.alpha),
+        alpha=alpha,
         tuner=args.tuner,
         profile=args.profile,
         trace_name=Path(args.trace[0]).name,

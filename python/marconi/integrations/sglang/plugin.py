@@ -23,6 +23,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from marconi.units import AUTO, parse_alpha
+
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext
@@ -32,20 +34,9 @@ ALPHA_ENV = "SGLANG_MARCONI_ALPHA"
 #: ``--prefix-cache`` value -> ``--radix-cache-backend`` value (None: SGLang's default chain)
 PREFIX_CACHE_CHOICES: dict[str, str | None] = {"marconi": BACKEND_NAME, "lru": None}
 ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
-AUTO = "auto"
 MODELS_PACKAGE = "marconi.integrations.sglang.models"
 EXTERNAL_MODELS_ENV = "SGLANG_EXTERNAL_MODEL_PACKAGE"
 REGISTRY_MODULE = "sglang.srt.models.registry"
-
-
-def parse_alpha(text: str | float | None) -> float | None:
-    """``"auto"`` or None -> None (tuned online); else a float >= 0 (raises ValueError)."""
-    if text is None or (isinstance(text, str) and text.strip().lower() == AUTO):
-        return None
-    alpha = float(text)
-    if not alpha >= 0:
-        raise ValueError(f"--marconi-alpha must be 'auto' or a float >= 0, got {text!r}")
-    return alpha
 
 
 def _factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
@@ -82,7 +73,7 @@ class MarconiAlphaAction(argparse.Action):
         try:
             alpha = parse_alpha(str(values))
         except ValueError as e:
-            parser.error(str(e))
+            parser.error(f"--marconi-alpha: {e}")
         os.environ[ALPHA_ENV] = AUTO if alpha is None else repr(alpha)
         setattr(namespace, self.dest, alpha)
 
