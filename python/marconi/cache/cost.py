@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from marconi.cache.hf_config import (
+from marconi.cache.hf_config import parse_hf_config
+from marconi.cache.shapes import (
     AttentionShape,
     LinearShape,
     MLPShape,
@@ -43,7 +44,6 @@ from marconi.cache.hf_config import (
     ParsedConfig,
     SSMShape,
     dtype_bytes,
-    parse_hf_config,
 )
 
 PRESET_DIR = Path(__file__).with_name("presets")
