@@ -8,7 +8,7 @@ Runs in the SGLang virtualenv; skipped where ``sglang`` is not installed. What r
 - SGLang's ``ModelConfig`` + ``mambaish_config`` for tiny-jamba and the Jamba-1.5-Mini config:
   attention / Mamba layer ids from ``attn_layer_period/offset``, a real ``MambaPool`` with Mamba-1
   state shapes, and its bytes against marconi's cost model;
-- the model built on CPU from SGLang's layers (needs ``einops``, which SGLang's MoE and Mamba
+- the model built on CPU from SGLang's layers (``einops``, which SGLang's MoE and Mamba
   modules import, and SGLang's portable conv kernels bound as on XPU: see the fixture) and
   ``load_weights`` of every tensor of an HF checkpoint (transformers' and marconi's writers),
   checked value by value; the learned dt/B/C norms against transformers' ``JambaMambaMixer``.
@@ -18,7 +18,6 @@ No forward pass runs: SGLang's Mamba-1 conv, scan and MoE kernels are CUDA/Trito
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -58,9 +57,6 @@ from sglang_jamba_fixture import (
 
 MINI = hf_config_dict(json.loads((PRESET_DIR / "jamba-1.5-mini.json").read_text()))
 CONFIGS = {"tiny-jamba": hf_config_dict(), "jamba-1.5-mini": MINI}
-NO_EINOPS = "einops is not installed: SGLang's MoE and Mamba modules import it"
-HAS_EINOPS = importlib.util.find_spec("einops") is not None
-needs_einops = pytest.mark.skipif(not HAS_EINOPS, reason=NO_EINOPS)
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +70,6 @@ def sglang_model_config(folder: Path) -> ModelConfig:
 
 
 # ---------------------------------------------------------------- registration
-@needs_einops
 def test_model_registry_resolves_jamba_to_ours_in_a_fresh_process() -> None:
     code = (
         "from sglang.srt.plugins import load_plugins; load_plugins()\n"
@@ -172,8 +167,6 @@ def test_mamba_state_shards_over_tensor_parallel_ranks(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- model + weights
 @pytest.fixture(scope="module")
 def model_cls() -> type:
-    if not HAS_EINOPS:
-        pytest.skip(NO_EINOPS)
     load_plugins()
     bind_portable_conv_kernels()
     from sglang.srt.models.registry import ModelRegistry
