@@ -9,6 +9,9 @@ PY=${1:-${PY:-.venv/bin/python}}
 OUT=${OUT:-/tmp/marconi-device}
 mkdir -p "$OUT"
 export MARCONI_CACHE_DIR="$OUT/cache"
+# the device's own python3 (torch, transformers, safetensors, tokenizers preinstalled) imports
+# marconi from this checkout; no install, nothing to carry
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
 "$PY" benchmark/device/check_runtime_cuda.py 2>&1 | tee "$OUT/equivalence.txt"
 timeout 300 "$PY" benchmark/bench_model.py --device cuda --models tiny,150m --lengths 512,2048,8192 \
