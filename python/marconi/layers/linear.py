@@ -1,8 +1,13 @@
-"""`Linear`: `nn.Linear` that runs large fp32 CPU matmuls on oneDNN with a pre-packed weight.
+"""`Linear`: `nn.Linear` with two CPU fast paths for fp32 inference.
 
-On this project's CPU (AMD EPYC, one thread) oneDNN with a weight reordered once into its
-blocked layout is ~20-25% faster than the default MKL sgemm path of `F.linear` for the prefill
-shapes (M >= a few hundred tokens); for small M (decode) it is not, so those keep `F.linear`.
+- Prefill (M >= ``PACKED_MIN_ROWS`` rows): oneDNN with a weight reordered once into its blocked
+  layout, ~20-25% faster on this project's CPU (AMD EPYC, one thread) than the default MKL sgemm
+  of `F.linear`.
+- Decode (1 <= M <= ``small_m.MAX_ROWS`` rows): the C kernel of ``marconi.layers.small_m``,
+  which streams the weight ~2x faster than sgemm (``MARCONI_SMALL_M_KERNEL=0`` turns it off).
+
+Everything else (and any case either path does not cover) is `F.linear`.
+
 The packed copy is built lazily on first use and rebuilt when the weight changes (its storage or
 version counter), so loading weights with `load_state_dict` needs no extra step. It costs one
 extra copy of the weight in memory; `set_packed_linear(False)` (or `MARCONI_PACKED_LINEAR=0`)
@@ -16,6 +21,8 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from marconi.layers import small_m
 
 #: smallest number of rows (tokens) routed to the packed oneDNN kernel
 PACKED_MIN_ROWS = 128
@@ -55,16 +62,21 @@ class Linear(nn.Linear):
         w = self.weight
         if (
             x.dim() == 2
-            and x.shape[0] >= PACKED_MIN_ROWS
             and x.dtype == torch.float32
             and w.dtype == torch.float32
             and x.device.type == "cpu"
             and not torch.is_grad_enabled()
-            and packed_linear_enabled()
         ):
-            return torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), self._packed_weight(), self.bias, "none", [], ""
-            )
+            rows = x.shape[0]
+            if rows >= PACKED_MIN_ROWS and packed_linear_enabled():
+                return torch.ops.mkldnn._linear_pointwise(
+                    x.contiguous(), self._packed_weight(), self.bias, "none", [], ""
+                )
+            if 1 <= rows <= small_m.MAX_ROWS and w.is_contiguous() and small_m.available():
+                b = self.bias
+                if b is not None and (b.dtype != torch.float32 or not b.is_contiguous()):
+                    return F.linear(x, w, b)
+                return small_m.small_m_linear(x.contiguous(), w, b)
         return F.linear(x, w, self.bias)
 
     def _packed_weight(self) -> torch.Tensor:

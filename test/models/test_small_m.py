@@ -1,0 +1,63 @@
+"""The decode linear kernel (``marconi.layers.small_m``) against ``F.linear``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from marconi.layers import small_m
+from marconi.layers.linear import Linear
+
+
+def test_kernel_builds_where_a_c_compiler_exists() -> None:
+    assert shutil.which("cc") or shutil.which("gcc"), "CI machines have a C compiler"
+    assert small_m.available()
+
+
+@pytest.fixture(scope="module", params=["native", "portable"])
+def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The kernel as built for this CPU, and its portable C path (no AVX-512 intrinsics)."""
+    if request.param == "native":
+        assert small_m.available()
+        return None  # small_m_linear's own build
+    cc = shutil.which("cc") or shutil.which("gcc")
+    out = tmp_path_factory.mktemp("kernel") / "portable.so"
+    return small_m.load_kernel(small_m.compile_kernel(cc, out, ("-mno-avx512f",)))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (7, 15), (33, 17), (130, 384), (64, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_f_linear(kernel, m: int, n: int, k: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    got = small_m.small_m_linear(x, w, b, kernel)
+    # fp32, only the summation order differs: error grows like sqrt(k) * |x| |w|
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=2e-6 * k**0.5)
+
+
+def test_linear_routes_decode_rows_to_the_kernel_and_the_rest_to_torch() -> None:
+    lin = Linear(96, 40)
+    with torch.no_grad():
+        for rows in (1, small_m.MAX_ROWS, small_m.MAX_ROWS + 1, 300):
+            x = torch.randn(rows, 96)
+            torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5,
+                                       atol=1e-5)  # fmt: skip
+        x_t = torch.randn(96, 3).t()  # non-contiguous input
+        torch.testing.assert_close(lin(x_t), F.linear(x_t, lin.weight, lin.bias))
+    x = torch.randn(2, 96, requires_grad=True)  # autograd still works (torch path)
+    lin(x).sum().backward()
+    assert x.grad is not None
+
+
+def test_env_switch_turns_the_kernel_off() -> None:
+    code = "from marconi.layers import small_m; print(small_m.available())"
+    env = {**os.environ, "MARCONI_SMALL_M_KERNEL": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
