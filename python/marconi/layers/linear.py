@@ -72,10 +72,13 @@ class Linear(nn.Linear):
                 return torch.ops.mkldnn._linear_pointwise(
                     x.contiguous(), self._packed_weight(), self.bias, "none", [], ""
                 )
-            if 1 <= rows <= small_m.MAX_ROWS and w.is_contiguous() and small_m.available():
-                b = self.bias
-                if b is not None and (b.dtype != torch.float32 or not b.is_contiguous()):
-                    return F.linear(x, w, b)
+            b = self.bias
+            if (
+                1 <= rows <= small_m.MAX_ROWS
+                and w.is_contiguous()
+                and (b is None or (b.dtype == torch.float32 and b.is_contiguous()))
+                and small_m.available()
+            ):
                 return small_m.small_m_linear(x.contiguous(), w, b)
         return F.linear(x, w, self.bias)
 

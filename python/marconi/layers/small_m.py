@@ -3,7 +3,8 @@
 Decode batches multiply a handful of rows by every weight matrix, so their speed is how fast
 the weights stream from memory. On this project's CPU (one core) torch's sgemm reads a
 row-major fp32 weight at ~11 GB/s for 1 row; the C kernel, which walks the weight once, row by
-row, against all (<= 8) input rows, reads it at ~20-28 GB/s (``docs/performance.md``).
+row, against all (<= 4) input rows, reads it at ~20-28 GB/s for one row, ~13 GB/s for four
+(``docs/performance.md``). From about five rows on, with two threads, sgemm catches up.
 
 The C file is compiled with the system C compiler (``$CC``, else ``cc``/``gcc``) into
 ``$MARCONI_CACHE_DIR/kernels/`` under a name that hashes the source, the flags and the CPU's
@@ -30,7 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 
 #: most input rows the kernel takes (its register tile); larger batches use sgemm
-MAX_ROWS = 8
+MAX_ROWS = 4
 
 _SOURCE = Path(__file__).with_name("csrc") / "small_m_linear.c"
 _FLAGS = ["-O3", "-march=native", "-funroll-loops", "-shared", "-fPIC"]
@@ -118,6 +119,8 @@ def small_m_linear(
     assert fn is not None, "small_m_linear called without the kernel (check available())"
     m, k = x.shape
     n = weight.shape[0]
+    if not 1 <= m <= MAX_ROWS:  # the C kernel's register tile holds MAX_ROWS rows
+        raise ValueError(f"small_m_linear takes 1-{MAX_ROWS} rows, got {m}")
     y = torch.empty(m, n, dtype=torch.float32)
     b = None if bias is None else bias.data_ptr()
     fn(x.data_ptr(), weight.data_ptr(), b, y.data_ptr(), m, n, k)

@@ -11,7 +11,7 @@
 #include <immintrin.h>
 #endif
 
-#define MAX_M 8
+#define MAX_M 4 /* = small_m.MAX_ROWS; callers pass 1 <= m <= MAX_M */
 
 void small_m_linear(const float *x, const float *w, const float *bias, float *y, long m, long n,
                     long k) {
