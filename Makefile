@@ -1,4 +1,4 @@
-# The two contracts: `make sim` (set up + run the main job), `make test` (set up + run the tests).
+# The two contracts (README): `make serve` (set up + run the main job), `make test` (set up + run the tests).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -24,7 +24,7 @@ lint: install
 	$(VENV)/bin/ruff check python test benchmark
 	$(VENV)/bin/ruff format --check python test benchmark
 
-# Main job until the server lands: a policy sweep on a shipped real trace.
+# A policy sweep on a shipped real trace (the main job before the server existed).
 sim: install
 	$(VENV)/bin/marconi-sim sweep --trace mooncake --model paper-7b --out results/sweep
 
