@@ -80,7 +80,7 @@ def test_tuner_stays_at_lru_like_alpha_when_recency_wins() -> None:
     assert tuned == pytest.approx(zero)
 
 
-def test_window_tuner_adapts_to_a_workload_shift_where_paper_tuning_does_not() -> None:
+def test_shadow_tuner_adapts_to_a_workload_shift_where_paper_tuning_does_not() -> None:
     trace = one_off_docs_and_chats(600) + recurring_docs(900, t0=1000, base=10**7)
     ours, history = _hit(trace, "auto", tuner="shadow")
     paper, paper_history = _hit(trace, "auto", tuner="paper")
