@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from marconi.layers import small_m
 from marconi.models.batch import ForwardBatch, SequenceInput
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ class ModelRunner:
         self.memory = memory
         self.vocab_size = model.config.vocab_size
         self._seed = seed
+        if memory.device.type == "cpu":
+            small_m.available()  # build the decode kernel now, not inside the first request
 
     def forward(self, inputs: Sequence[SequenceInput]) -> torch.Tensor:
         """Last-token logits [B, vocab] (fp32) of each input, in order."""
