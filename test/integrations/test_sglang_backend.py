@@ -76,6 +76,11 @@ def test_registry_builds_marconi_cache_for_hybrid_model() -> None:
     cost = fx.cache.marconi.cost  # from the HF config: 2 attention + 6 Mamba-2 layers
     assert (cost.layers.attention, cost.layers.ssm) == (2, 6)
     assert cost.kv_bytes_per_token == 2 * 2 * 2 * 32 * 2
+    # state bytes are the Mamba pool's own slot bytes (conv keeps d_conv - 1 columns there)
+    mc = fx.pool.mamba_pool.mamba_cache
+    slot = sum(t[:, 0].nbytes for t in [*mc.conv, mc.temporal])
+    assert cost.state_bytes == slot == cost.conv_state_bytes + cost.ssm_state_bytes
+    assert cost.ssm_state_bytes == mc.temporal[:, 0].nbytes
     check(fx)
 
 

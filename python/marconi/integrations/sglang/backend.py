@@ -19,13 +19,15 @@ controller to delete or tombstones one internal state per step. Not supported wi
 (rejected at construction): HiCache, session radix cache, int8 Mamba checkpoints.
 
 The decisions are made by ``marconi.cache`` classes through ``MarconiPolicy``; the cost model
-comes from the served model's HF config (``cost_model_from_hf_config``). With
+comes from the served model's HF config (``cost_model_from_hf_config``), with the state bytes of
+SGLang's own Mamba pool (``cost_model_for``). With
 ``--marconi-alpha auto`` (the default) ``BackendAlphaTuner`` (``tuning.py``) is fed every finished
 request (``checkpoint_into_tree`` of a finished request) and moves the policy's alpha.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -46,6 +48,7 @@ from marconi.integrations.sglang.tuning import AUTO_ALPHA_START, BackendAlphaTun
 from marconi.units import parse_alpha
 
 if TYPE_CHECKING:
+    import torch
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, InsertParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -245,12 +248,36 @@ def alpha_from_env() -> float | None:
     return parse_alpha(os.environ.get(ALPHA_ENV))
 
 
+def pool_state_bytes(ctx: TreeCacheBuildContext) -> tuple[int, int] | None:
+    """(conv, SSM) bytes of one Mamba state slot as SGLang allocated them (all Mamba layers of
+    one slot, times the TP size for the whole model), or None without a Mamba pool."""
+    pool = getattr(ctx.params.req_to_token_pool, "mamba_pool", None)
+    if pool is None:
+        return None
+    cache = pool.mamba_cache
+    tp = max(1, int(ctx.tp_size))
+
+    def per_slot(t: torch.Tensor) -> int:  # [layers, slots, ...]
+        return t.nbytes // t.shape[1] * tp
+
+    return sum(per_slot(t) for t in cache.conv), per_slot(cache.temporal)
+
+
 def cost_model_for(ctx: TreeCacheBuildContext) -> CostModel:
-    """Cost model of the served model, from its HF config (raises ValueError if unsupported)."""
+    """Cost model of the served model: FLOPs and KV bytes from its HF config (raises ValueError
+    if unsupported), state bytes from SGLang's Mamba pool when there is one (SGLang keeps
+    d_conv - 1 conv columns where the HF-config figure counts transformers' d_conv)."""
     hf_config = ctx.model_config.hf_config
     config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
     name = str(getattr(ctx.model_config, "model_path", config.get("model_type", "served")))
-    return cost_model_from_hf_config(config, name=name)
+    cost = cost_model_from_hf_config(config, name=name)
+    pooled = pool_state_bytes(ctx)
+    if pooled is None or not cost.state_bytes:
+        return cost
+    conv, ssm = pooled
+    return dataclasses.replace(
+        cost, state_bytes=conv + ssm, conv_state_bytes=conv, ssm_state_bytes=ssm
+    )
 
 
 def marconi_cache_factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
