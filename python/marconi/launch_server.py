@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marconi.engine.config import NO_CACHE, EngineConfig, prefix_cache_choices
+from marconi.engine.schedule_policy import SCHEDULE_POLICIES
 
 log = logging.getLogger("marconi.server")
 
@@ -28,6 +29,7 @@ _HELP = {
     "alpha": "FLOP-aware eviction weight: auto or a float >= 0",
     "max_running_requests": "most requests running at once",
     "chunked_prefill_size": "prefill token budget per step (longer prompts are chunked)",
+    "schedule_policy": "admission order: fcfs, or lpm (longest cached prefix first)",
     "context_length": "longest prompt + completion (None: the model's)",
     "default_max_tokens": "completion cap when a chat request sets no max_tokens",
     "dtype": "model and KV dtype",
@@ -42,6 +44,7 @@ _HELP = {
 }
 _CHOICES = {
     "prefix_cache": prefix_cache_choices(),
+    "schedule_policy": SCHEDULE_POLICIES.supported_names(),
     "dtype": ["float32", "bfloat16", "float16"],
     "log_level": ["debug", "info", "warning", "error"],
 }

@@ -79,7 +79,14 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(seq=SEQ)
     def match(self, seq: list[int]) -> None:
-        self._check_match(tuple(seq), self.cache.match(np.array(seq, dtype=np.int64)))
+        tokens = np.array(seq, dtype=np.int64)
+        tree = self.cache.tree
+        before = (tree.clock, [(n.last_access, n.hits) for n in tree.iter_nodes()])
+        peeked = self.cache.usable_len(tokens)  # the scheduler's read-only lookup
+        assert (tree.clock, [(n.last_access, n.hits) for n in tree.iter_nodes()]) == before
+        result = self.cache.match(tokens)
+        assert peeked == result.usable_len
+        self._check_match(tuple(seq), result)
 
     @rule(kv=st.integers(0, 80), states=st.integers(0, 5))
     def evict(self, kv: int, states: int) -> None:

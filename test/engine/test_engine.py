@@ -211,3 +211,45 @@ def test_logits_with_cache_hits_match_no_cache_within_fp32_tolerance(
         float((recorded["marconi"][k] - recorded["none"][k]).abs().max()) for k in recorded["none"]
     )
     assert worst <= LOGITS_ATOL
+
+
+def _run_in_order(llm: LLM, prompts: dict[str, list[int]]) -> tuple[list[str], dict, dict]:
+    """Queue ``prompts`` at once (dict order = arrival order): finishing order, outputs and
+    cached tokens per request."""
+    engine = llm.engine
+    for rid, ids in prompts.items():
+        engine.add_request(engine.make_request(ids, GREEDY, rid=rid))
+    order, outputs, cached = [], {}, {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.rid] = outputs.get(out.rid, ()) + out.token_ids
+            if out.finished:
+                order.append(out.rid)
+                cached[out.rid] = out.cached_tokens
+    return order, outputs, cached
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_lpm_admits_the_longest_cached_prefix_first_without_changing_outputs(policy: str) -> None:
+    # one request at a time, so the finishing order is the admission order
+    llm = LLM("tiny", "marconi", cache_memory="64MB", max_running_requests=1,
+              schedule_policy=policy)  # fmt: skip
+    doc = SYSTEM + list(b"A long shared document. " * 8)
+    llm.generate([doc + user("Summarise it.")], GREEDY)
+    llm.generate([doc + user("And the title?")], GREEDY)  # checkpoints its branch point: the doc
+    prompts = {
+        "cold-1": list(b"A prompt that shares nothing with the cache.\n"),
+        "cold-2": list(b"Another prompt with no cached prefix at all.\n"),
+        "warm": doc + user("Who wrote it?"),
+    }
+    order, outputs, cached = _run_in_order(llm, prompts)
+    assert cached["warm"] >= len(doc) and cached["cold-1"] == cached["cold-2"] == 0
+    assert order == (["warm", "cold-1", "cold-2"] if policy == "lpm" else list(prompts))
+    uncached = LLM("tiny", "none", cache_memory="64MB").generate(list(prompts.values()), GREEDY)
+    assert outputs == {rid: out.token_ids for rid, out in zip(prompts, uncached, strict=True)}
+    llm.check_integrity()
+
+
+def test_unknown_schedule_policy_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="choose one of fcfs, lpm"):
+        LLM("tiny", "marconi", schedule_policy="random")

@@ -100,6 +100,10 @@ class PrefixCache:
         """See ``RadixTree.match``. Refreshes only the node it returns."""
         return self.tree.match(tokens)
 
+    def usable_len(self, tokens: np.ndarray) -> int:
+        """Read-only ``match(tokens).usable_len``. See ``RadixTree.usable_len``."""
+        return self.tree.usable_len(tokens)
+
     def branch_point(self, tokens: np.ndarray) -> int | None:
         """Speculative insertion; read-only. See ``RadixTree.branch_point``."""
         return self.tree.branch_point(tokens)

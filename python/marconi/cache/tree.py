@@ -116,6 +116,14 @@ class RadixTree:
             self.on_change(handle)
         return MatchResult(cached, usable, handle, kv, handle.state)
 
+    def usable_len(self, tokens: np.ndarray) -> int:
+        """``match(tokens).usable_len`` without touching anything (no access time, no hit count,
+        no clock): what a scheduler may ask about queued requests."""
+        path, _, cached = self._walk(tokens)
+        if self.has_ssm:
+            return max((n.end for n in path if n.state is not None), default=0)
+        return cached
+
     def branch_point(self, tokens: np.ndarray) -> int | None:
         """Speculative insertion (read-only): the position where inserting ``tokens`` would
         branch off the tree, i.e. split an edge or add a child to a state-less inner node, so

@@ -98,6 +98,11 @@ class CacheManager:
         return pages * kv.slot_bytes <= kv.meter.capacity
 
     # ------------------------------------------------------------------ protocol
+    def peek(self, tokens: np.ndarray) -> int:
+        """Tokens ``admit(tokens, ...)`` would resume from now (read-only: no lock, no access
+        time; ``tokens[:-1]`` as in ``admit``, since a request prefills at least one token)."""
+        return self.cache.usable_len(tokens[:-1]) if self.enabled else 0
+
     def admit(self, tokens: np.ndarray, max_fed: int) -> CacheHandle | None:
         """Reserve memory for a request whose model input is ``tokens`` and which will feed at
         most ``max_fed`` tokens in all. None (and nothing held) if it does not fit now."""

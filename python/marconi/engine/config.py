@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from marconi.cache.presets import PRESETS
+from marconi.engine.schedule_policy import SCHEDULE_POLICIES
 from marconi.units import parse_alpha, parse_bytes, split_size
 
 #: ``--prefix-cache`` choices: every cache preset, plus ``none`` (no reuse, same memory pools).
@@ -59,6 +60,8 @@ class EngineConfig:
     - ``max_running_requests``: requests admitted at once (decode batch size bound).
     - ``chunked_prefill_size``: prefill tokens per step over all requests (the token budget);
       a longer prompt is prefilled in chunks across steps, interleaved with decodes.
+    - ``schedule_policy``: admission order of waiting requests, ``fcfs`` or ``lpm`` (longest
+      cached prefix first; ``marconi.engine.schedule_policy``).
     - ``context_length``: longest prompt + completion; ``None`` = the model's
       ``max_position_embeddings`` (8192 if absent).
     - ``default_max_tokens``: completion length cap when a request gives none.
@@ -70,6 +73,7 @@ class EngineConfig:
     alpha: str = "auto"
     max_running_requests: int = 32
     chunked_prefill_size: int = 512
+    schedule_policy: str = "fcfs"
     context_length: int | None = None
     default_max_tokens: int = 256
     dtype: str = "float32"
@@ -88,6 +92,7 @@ class EngineConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be >= 1")
+        SCHEDULE_POLICIES.get(self.schedule_policy)  # raises ValueError listing the choices
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("context_length must be >= 2")
 

@@ -25,6 +25,7 @@ from marconi.engine.cache_manager import CacheManager
 from marconi.engine.config import AUTO_ALPHA_FALLBACK, EngineConfig, parse_alpha
 from marconi.engine.request import Detokenizer, Req, SamplingParams, StepOutput
 from marconi.engine.runner import ModelRunner
+from marconi.engine.schedule_policy import SCHEDULE_POLICIES
 from marconi.engine.scheduler import Scheduler
 from marconi.models.loader import load_model, resolve_model_path
 from marconi.models.memory import HybridMemory
@@ -99,7 +100,11 @@ class Engine:
         )
         self.runner = ModelRunner(self.model, self.memory, seed=config.seed)
         self.scheduler = Scheduler(
-            self.manager, self.tokenizer, config.max_running_requests, config.chunked_prefill_size
+            self.manager,
+            self.tokenizer,
+            config.max_running_requests,
+            config.chunked_prefill_size,
+            SCHEDULE_POLICIES.create(config.schedule_policy),
         )
         self._ids = itertools.count()
         self.requests_finished = self.prompt_tokens = self.cached_tokens = 0

@@ -2,8 +2,9 @@
 
 Continuous batching: every step runs one decode token for each running request whose prefill is
 done, plus prefill chunks under a token budget (``chunked_prefill_size``): first the requests
-already mid-prefill, then new requests admitted first-come first-served while the budget, the
-running-request cap and memory allow. Admission reserves all the KV a request can need, so a
+already mid-prefill, then new requests, in the order of the schedule policy (``fcfs`` or
+``lpm``, ``schedule_policy.py``), admitted while the budget, the running-request cap and memory
+allow. Admission reserves all the KV a request can need, so a
 running request never runs short and nothing is ever preempted; a request that does not fit
 waits until others finish (their memory goes back to the cache, which evicts as needed).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from marconi.engine.request import Status, StepOutput
+from marconi.engine.schedule_policy import FirstComeFirstServed, SchedulePolicy
 from marconi.models.batch import SequenceInput
 
 if TYPE_CHECKING:
@@ -47,11 +49,13 @@ class Scheduler:
         tokenizer: Tokenizer,
         max_running: int,
         prefill_budget: int,
+        policy: SchedulePolicy | None = None,
     ) -> None:
         self.cache = cache
         self.tokenizer = tokenizer
         self.max_running = max_running
         self.prefill_budget = prefill_budget
+        self.policy = policy or FirstComeFirstServed()
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
 
@@ -88,6 +92,10 @@ class Scheduler:
         for req in self.running:
             if req.prefilling and budget > 0:
                 budget -= self._prefill(req, budget, items)
+        if budget > 0 and len(self.running) < self.max_running:
+            ordered = self.policy.order(self.waiting, lambda r: self.cache.peek(r.prompt_ids))
+            if ordered is not None:
+                self.waiting = deque(ordered)
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
             max_fed = req.prompt_len + req.max_new_tokens - 1

@@ -1,0 +1,63 @@
+"""In which order waiting requests are admitted (strategy classes picked from a registry).
+
+``--schedule-policy`` (the name and the ``lpm`` choice follow SGLang's ``launch_server``):
+
+| policy | order |
+|--------|-------|
+| fcfs   | arrival order (the default) |
+| lpm    | longest usable cached prefix first, arrival order among equals |
+
+A policy only reorders the waiting queue before admission; the scheduler still admits from the
+front while the token budget, the running-request cap and memory allow, so a policy never
+changes what a request computes, only when it starts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from marconi.registry import Registry
+
+if TYPE_CHECKING:
+    from marconi.engine.request import Req
+
+
+class SchedulePolicy(ABC):
+    """Contract: ``order`` returns a permutation of ``waiting`` (or None: keep the queue's
+    order); ``cached_len(req)`` is read-only (it changes no cache state and no LRU order)."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def order(self, waiting: Sequence[Req], cached_len: Callable[[Req], int]) -> list[Req] | None:
+        """The waiting requests in admission order."""
+
+
+SCHEDULE_POLICIES: Registry[SchedulePolicy] = Registry("schedule policy")
+
+
+@SCHEDULE_POLICIES.register("fcfs")
+class FirstComeFirstServed(SchedulePolicy):
+    name = "fcfs"
+
+    def order(self, waiting: Sequence[Req], cached_len: Callable[[Req], int]) -> list[Req] | None:
+        return None
+
+
+@SCHEDULE_POLICIES.register("lpm")
+class LongestPrefixMatch(SchedulePolicy):
+    """Requests that resume from the longest cached prefix start first: their prefill is the
+    cheapest, so they leave the queue soonest, and their prefix is used while it is cached.
+    A request with no hit can wait behind a stream of hits (as in SGLang). Queues longer than
+    ``max_queue`` keep arrival order: looking up every queued request each step would cost
+    O(queue x depth)."""
+
+    name = "lpm"
+    max_queue: ClassVar[int] = 128
+
+    def order(self, waiting: Sequence[Req], cached_len: Callable[[Req], int]) -> list[Req] | None:
+        if not 1 < len(waiting) <= self.max_queue:
+            return None
+        return sorted(waiting, key=lambda r: -cached_len(r))  # stable: FCFS among equals
