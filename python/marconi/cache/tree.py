@@ -32,6 +32,12 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
     return i if neq[i] else n
 
 
+def _state_depth(path: list[Node]) -> int:
+    """Index in ``path`` of the deepest node holding a state, -1 if none: where a hybrid
+    model's usable prefix ends (shared by ``match`` and ``usable_len``)."""
+    return max((i for i, n in enumerate(path) if n.state is not None), default=-1)
+
+
 class RadixTree:
     """Structure, matching, insertion, locking and per-node eviction; no policy decisions.
 
@@ -94,8 +100,7 @@ class RadixTree:
         self.clock += 1
         path, partial, cached = self._walk(tokens)
         if self.has_ssm:
-            depth = max((i for i, n in enumerate(path) if n.state is not None), default=-1)
-            used = path[: depth + 1]
+            used = path[: _state_depth(path) + 1]
             handle = used[-1] if used else self.root
             usable, cut = handle.end, 0
         else:
@@ -121,7 +126,8 @@ class RadixTree:
         no clock): what a scheduler may ask about queued requests."""
         path, _, cached = self._walk(tokens)
         if self.has_ssm:
-            return max((n.end for n in path if n.state is not None), default=0)
+            depth = _state_depth(path)
+            return path[depth].end if depth >= 0 else 0
         return cached
 
     def branch_point(self, tokens: np.ndarray) -> int | None:

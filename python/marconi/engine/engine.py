@@ -22,7 +22,7 @@ from marconi.cache.prefix_cache import CacheStats, PrefixCache
 from marconi.cache.presets import get_preset, preset_config
 from marconi.cache.tuning import AlphaTuner, ShadowTuner
 from marconi.engine.cache_manager import CacheManager
-from marconi.engine.config import AUTO_ALPHA_FALLBACK, EngineConfig, parse_alpha
+from marconi.engine.config import AUTO_ALPHA_FALLBACK, EngineConfig
 from marconi.engine.request import Detokenizer, Req, SamplingParams, StepOutput
 from marconi.engine.runner import ModelRunner
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
@@ -30,6 +30,7 @@ from marconi.engine.scheduler import Scheduler
 from marconi.models.loader import load_model, resolve_model_path
 from marconi.models.memory import HybridMemory
 from marconi.models.tokenizer import load_tokenizer
+from marconi.units import parse_alpha
 
 if TYPE_CHECKING:
     from marconi.cache.node import SizeInfo
