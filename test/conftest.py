@@ -1,14 +1,13 @@
-"""Shared test helpers: real cost models from presets and a small request driver."""
+"""Shared test helpers: real cost models from presets and the request lifecycle (``Leases``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 from marconi.cache.cost import load_cost_model
-from marconi.cache.node import MatchResult
+from marconi.cache.lease import Lease, Leases
 from marconi.cache.pools import MemoryBudget
 from marconi.cache.prefix_cache import CacheConfig, PrefixCache
 
@@ -29,6 +28,7 @@ def make_cache(
     alpha: float = 0.0,
     page_size: int = 1,
     shared: bool = True,
+    match_rule: str = "last-token",
     **admission_args: object,
 ) -> PrefixCache:
     """A cache whose budget holds ``tokens`` tokens of KV plus ``states`` SSM checkpoints."""
@@ -40,7 +40,7 @@ def make_cache(
         if shared
         else MemoryBudget.separate(kv_bytes, st_bytes)
     )
-    cfg = CacheConfig(admission, admission_args, eviction, alpha, page_size)
+    cfg = CacheConfig(admission, admission_args, eviction, alpha, page_size, match_rule)
     return PrefixCache(cost, budget, cfg)
 
 
@@ -51,65 +51,29 @@ def toks(*values: int | Sequence[int]) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-@dataclass
-class Running:
-    """One request in flight, driven through the cache like the engine does."""
-
-    tokens: np.ndarray
-    match: MatchResult
-    kv_new: np.ndarray | None
-    states: dict[int, int] = field(default_factory=dict)
+def start(cache: PrefixCache, tokens: np.ndarray, max_fed: int | None = None) -> Lease | None:
+    """``Leases.begin`` for an input of ``tokens`` (feeding ``max_fed`` tokens, default all)."""
+    return Leases(cache).begin(tokens, len(tokens) if max_fed is None else max_fed)
 
 
-def start(cache: PrefixCache, tokens: np.ndarray) -> Running | None:
-    """Match, lock, plan, allocate the suffix KV and the planned states. None if it cannot fit."""
-    m = cache.match(tokens)
-    cache.lock(m.node)
-    kv_new = None
-    if cache.pools.kv is not None:
-        p = cache.page_size
-        n_pages = -(-len(tokens) // p) - len(m.kv)
-        kv_new = cache.alloc_kv(n_pages)
-        if kv_new is None:
-            cache.unlock(m.node)
-            return None
-    run = Running(tokens, m, kv_new)
-    for pos in cache.plan_prefill(tokens, m):
-        slot = cache.alloc_state()
-        if slot is not None:
-            run.states[pos] = slot
-    return run
+def finish(cache: PrefixCache, lease: Lease, fed: np.ndarray) -> None:
+    """Decode to ``len(fed)`` tokens (the capture points) and finish with ``fed``."""
+    leases = Leases(cache)
+    leases.decode(lease, len(fed))
+    leases.finish(lease, fed)
 
 
-def finish(cache: PrefixCache, run: Running, output_len: int = 0) -> None:
-    """Insert the sequence (input + output) with the captured and decode states; unlock."""
-    seq = run.tokens
-    kv = run.match.kv
-    if run.kv_new is not None:
-        kv = np.concatenate([kv, run.kv_new])
-    for pos in cache.plan_decode(len(run.tokens) - output_len, len(seq)):
-        slot = cache.alloc_state()
-        if slot is not None:
-            run.states[pos] = slot
-    cache.insert(seq, kv, run.states)
-    cache.unlock(run.match.node)
+def abort(cache: PrefixCache, lease: Lease) -> None:
+    Leases(cache).abort(lease)
 
 
-def abort(cache: PrefixCache, run: Running) -> None:
-    if run.kv_new is not None:
-        cache.free_kv(run.kv_new)
-    for slot in run.states.values():
-        cache.free_state(slot)
-    cache.unlock(run.match.node)
-
-
-def serve(cache: PrefixCache, tokens: np.ndarray, output_len: int = 0) -> MatchResult:
-    """Serve one request start to finish (sequential replay); returns its match."""
-    run = start(cache, tokens)
-    assert run is not None, "request did not fit"
-    finish(cache, run, output_len)
+def serve(cache: PrefixCache, fed: np.ndarray, output_len: int = 0) -> Lease:
+    """Serve one request start to finish: its input is ``fed`` minus the last ``output_len``
+    tokens (the decoded ones it fed); returns its (finished) lease."""
+    lease = Leases(cache).replay(fed[: len(fed) - output_len], fed)
+    assert lease is not None, "request did not fit"
     cache.check_integrity(deep=True)
-    return run.match
+    return lease
 
 
 @pytest.fixture

@@ -85,8 +85,8 @@ def test_two_requests_sharing_a_system_prompt_checkpoint_the_branch_point() -> N
     b = toks(system, range(50, 80))
     assert cache.branch_point(b) == 300
     run = start(cache, b)
-    assert run is not None and list(run.states) == [300]  # the purely-input prefix
-    finish(cache, run)
+    assert run is not None and list(run.captures) == [300]  # the purely-input prefix
+    finish(cache, run, b)
     c = cache.match(toks(system, range(500, 520)))
     assert c.usable_len == 300  # a third request reuses the shared system prompt
     cache.check_integrity(deep=True)
@@ -99,7 +99,7 @@ def test_chat_continuation_hits_at_the_last_decoded_token() -> None:
     assert cache.tree.state_slots == 1  # only the state after the last decoded token
     turn2 = toks(range(200), range(5000, 5040))
     m = serve(cache, turn2, output_len=10)
-    assert m.usable_len == 200
+    assert m.prefix_len == 200
 
 
 def test_marconi_admits_at_most_two_states_per_request() -> None:
@@ -157,7 +157,7 @@ def test_locked_entries_are_never_evicted() -> None:
     cache = make_cache("hybrid", tokens=300, states=3, shared=False)
     serve(cache, toks(range(200)), output_len=1)
     run = start(cache, toks(range(200), 7))  # resumes from the state at 200 and pins it
-    assert run is not None and run.match.usable_len == 200
+    assert run is not None and run.prefix_len == 200
     assert cache.alloc_kv(250) is None  # would need the pinned prefix
     assert cache.stats.alloc_failures == 1
     assert cache.match(toks(range(200))).usable_len == 200
@@ -172,9 +172,10 @@ def test_budget_is_never_exceeded_and_every_slot_comes_back() -> None:
     rng = np.random.default_rng(1)
     for _ in range(60):
         n = int(rng.integers(10, 400))
-        run = start(cache, rng.integers(0, 3, size=n))
+        tokens = rng.integers(0, 3, size=n)
+        run = start(cache, tokens)
         if run is not None:
-            finish(cache, run)
+            finish(cache, run, tokens)
         cache.check_integrity(deep=True)
         for meter in cache.pools.meters:
             assert meter.used <= meter.capacity and meter.peak <= meter.capacity
@@ -204,10 +205,11 @@ def test_separate_pools_evict_only_what_is_short() -> None:
 
 def test_duplicate_kv_of_a_concurrent_request_is_freed_on_insert() -> None:
     cache = make_cache("hybrid")
-    a, b = start(cache, toks(range(100))), start(cache, toks(range(100)))
+    prompt, fed = toks(range(99)), toks(range(100))
+    a, b = start(cache, prompt, 100), start(cache, prompt, 100)
     assert a is not None and b is not None
-    finish(cache, a, output_len=1)
-    finish(cache, b, output_len=1)  # same tokens: its KV and state are duplicates
+    finish(cache, a, fed)
+    finish(cache, b, fed)  # same tokens: its KV and state are duplicates
     cache.check_integrity(deep=True)
     assert cache.tree.kv_slots == 100 and cache.tree.state_slots == 1
     assert cache.size_info().kv_in_flight == 0

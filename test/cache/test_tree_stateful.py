@@ -9,10 +9,11 @@ survive. With an unlimited budget the hit lengths must equal the reference's exa
 from __future__ import annotations
 
 import numpy as np
-from conftest import Running, abort, finish, make_cache, start
+from conftest import abort, finish, make_cache, start
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from marconi.cache.lease import Lease
 
 SEQ = st.lists(st.integers(0, 3), min_size=1, max_size=24)
 
@@ -46,26 +47,26 @@ class CacheMachine(RuleBasedStateMachine):
             shared=not self.unlimited,
             **extra,
         )
-        self.running: list[Running] = []
+        self.running: list[tuple[tuple[int, ...], Lease]] = []
         self.inserted: list[tuple[int, ...]] = []
         self.state_prefixes: set[tuple[int, ...]] = set()
 
     @rule(seq=SEQ)
     def start_request(self, seq: list[int]) -> None:
-        run = start(self.cache, np.array(seq, dtype=np.int64))
-        if run is not None:
-            self.running.append(run)
-            self._check_match(tuple(seq), run.match)
+        lease = start(self.cache, np.array(seq, dtype=np.int64), len(seq) + 3)
+        if lease is not None:
+            self.running.append((tuple(seq), lease))
+            self._check_match(tuple(seq[:-1]), lease.match)  # the last-token rule
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100), out=st.integers(0, 3))
     def finish_request(self, i: int, out: int) -> None:
-        run = self.running.pop(i % len(self.running))
-        seq = tuple(run.tokens.tolist())
-        out = min(out, len(seq) - 1)
-        offered = set(run.states)
-        offered.update(self.cache.plan_decode(len(seq) - out, len(seq)))
-        finish(self.cache, run, output_len=out)
+        """Finish after feeding ``out`` decoded tokens (0 .. 3) past the input."""
+        inp, lease = self.running.pop(i % len(self.running))
+        seq = inp + tuple(range(10, 10 + out))
+        offered = {pos for pos in lease.captures if pos <= len(inp)}
+        offered.update(self.cache.plan_decode(len(inp), len(seq)))  # decode captures + working
+        finish(self.cache, lease, np.array(seq, dtype=np.int64))
         self.inserted.append(seq)
         p = self.cache.page_size
         self.state_prefixes.update(
@@ -75,7 +76,7 @@ class CacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))
     def abort_request(self, i: int) -> None:
-        abort(self.cache, self.running.pop(i % len(self.running)))
+        abort(self.cache, self.running.pop(i % len(self.running))[1])
 
     @rule(seq=SEQ)
     def match(self, seq: list[int]) -> None:
@@ -120,10 +121,10 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def pinned_entries_survive(self) -> None:
-        for run in self.running:
-            node = run.match.node
+        for _, lease in self.running:
+            node = lease.match.node
             assert node is self.cache.tree.root or node.parent is not None
-            assert node.state == run.match.state
+            assert node.state == lease.match.state
 
 
 def _machine(name: str, **attrs: object) -> type[CacheMachine]:

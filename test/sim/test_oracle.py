@@ -116,13 +116,14 @@ def test_future_uses_finds_each_requests_longest_earlier_prefix() -> None:
     trace = [
         Request("s", 0, 0.0, a[:50], np.array([50, 51, 52])),  # inserts a[:52]
         Request("s", 1, 1.0, a[:80], np.array([7])),  # shares a[:52] with request 0
-        Request("t", 0, 2.0, a[:30], np.array([1, 2])),  # a[:30] of request 0 or 1
+        Request("t", 0, 2.0, a[:30], np.array([1, 2])),  # a[:29]: its last token is prefilled
         Request("u", 0, 3.0, 10_000 + a[:40], np.array([1])),  # nothing in common
     ]
     future = future_uses(trace, COST)
-    assert future.wanted == [0, 52, 30, 0]
-    assert sorted(len(v) for v in future.rep.values()) == [30, 52]
+    assert future.wanted == [0, 52, 29, 0]
+    assert sorted(len(v) for v in future.rep.values()) == [29, 52]
     assert sorted(future.uses.values()) == [[1], [2]]
+    assert future_uses(trace, COST, match_rule="full").wanted == [0, 52, 30, 0]
 
 
 def test_oracle_on_paged_cache_stays_aligned_and_bounded() -> None:

@@ -45,6 +45,12 @@ class AdmissionPolicy(ABC):
     @abstractmethod
     def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]: ...
 
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        """Decode steps ``fed`` in ``[lo, hi)`` where the working state after ``fed`` tokens is
+        planned (``fed in decode_positions(input_len, fed + 1)``): where a decoding request
+        copies its state out. Policies override this with a closed form (same result)."""
+        return tuple(f for f in range(lo, hi) if f in self.decode_positions(input_len, f + 1))
+
     def _branch(self, ctx: AdmissionContext) -> tuple[int, ...]:
         bp = ctx.branch_point
         return (bp,) if bp is not None and ctx.usable_len < bp <= ctx.input_len else ()
@@ -67,6 +73,9 @@ class MarconiAdmission(AdmissionPolicy):
     def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
         return (seq_len,) if seq_len > input_len else ()
 
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        return ()  # the planned state is always the working one (no copy during decode)
+
 
 @ADMISSION_POLICIES.register("every-n")
 class EveryN(AdmissionPolicy):
@@ -84,6 +93,9 @@ class EveryN(AdmissionPolicy):
 
     def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
         return _multiples(self.n, input_len, seq_len)
+
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        return _multiples(self.n, max(lo - 1, input_len), hi - 1)
 
 
 @ADMISSION_POLICIES.register("chunk-aligned")
@@ -103,6 +115,9 @@ class ChunkAligned(AdmissionPolicy):
 
     def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
         return _last_multiple(self.interval, input_len, seq_len)
+
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        return _multiples(self.interval, max(lo - 1, input_len), hi - 1)
 
 
 @ADMISSION_POLICIES.register("align-junctions")
@@ -125,3 +140,6 @@ class AlignJunctions(AdmissionPolicy):
 
     def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
         return _last_multiple(self.block, input_len, seq_len)
+
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        return _multiples(self.block, max(lo - 1, input_len), hi - 1)

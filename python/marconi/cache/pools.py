@@ -4,14 +4,14 @@ A pool hands out integer slots and charges their bytes to a ``ByteMeter``. Two p
 meter (the paper's single cache budget) or have one each (separate KV and state pools, as SGLang
 and real GPUs allocate). Allocation never goes past the meter: ``alloc`` returns ``None`` instead.
 
-Pools know nothing about the tree. When given a ``StateStorage`` (the model runtime's tensors), the
-state pool also copies state data between slots; the simulator runs the same code on byte counts.
+Pools know nothing about the tree nor about tensors: they hand out ids; the engine's
+``HybridMemory`` stores the data behind them and copies it when a ``Lease`` asks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,12 +45,6 @@ class ByteMeter:
         if nbytes > self.used:
             raise AssertionError(f"release of {nbytes} B but only {self.used} B charged")
         self.used -= nbytes
-
-
-class StateStorage(Protocol):
-    """Where state data really lives (the model runtime's tensors). Optional."""
-
-    def copy_state(self, src: int, dst: int) -> None: ...
 
 
 class SlotPool:
@@ -136,11 +130,8 @@ class KVPool(SlotPool):
 class StatePool(SlotPool):
     """SSM checkpoint slots; each holds the conv + SSM state of every SSM layer."""
 
-    def __init__(
-        self, num_slots: int, state_bytes: int, meter: ByteMeter, storage: StateStorage | None
-    ) -> None:
+    def __init__(self, num_slots: int, state_bytes: int, meter: ByteMeter) -> None:
         super().__init__("state", num_slots, state_bytes, meter)
-        self.storage = storage
 
     def alloc_one(self) -> int | None:
         got = self.alloc(1)
@@ -148,18 +139,6 @@ class StatePool(SlotPool):
 
     def free_one(self, slot: int) -> None:
         self.free(np.array([slot], dtype=SLOT_DTYPE))
-
-    def copy_from(self, src: int, dst: int) -> None:
-        """Copy the state data of ``src`` into ``dst`` (no-op without storage)."""
-        if self.storage is not None:
-            self.storage.copy_state(src, dst)
-
-    def fork(self, src: int) -> int | None:
-        """A new slot holding a copy of ``src``'s data, or ``None`` if the pool is full."""
-        dst = self.alloc_one()
-        if dst is not None:
-            self.copy_from(src, dst)
-        return dst
 
 
 @dataclass(frozen=True)
@@ -228,7 +207,6 @@ def make_pools(
     kv_bytes_per_token: int,
     state_bytes: int,
     page_size: int = 1,
-    storage: StateStorage | None = None,
 ) -> Pools:
     """Pools for a model with the given per-token KV bytes and per-checkpoint state bytes.
 
@@ -249,5 +227,5 @@ def make_pools(
         kv = KVPool(kv_meter.capacity // page_bytes, page_size, kv_bytes_per_token, kv_meter)
     state = None
     if state_bytes > 0:
-        state = StatePool(st_meter.capacity // state_bytes, state_bytes, st_meter, storage)
+        state = StatePool(st_meter.capacity // state_bytes, state_bytes, st_meter)
     return Pools(kv, state, meters)

@@ -20,7 +20,7 @@ import numpy as np
 from marconi.cache.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy
 from marconi.cache.eviction import EVICTION_POLICIES, CandidateInfo, EvictionIndex
 from marconi.cache.node import EvictResult, InsertResult, MatchResult, Node, SizeInfo
-from marconi.cache.pools import MemoryBudget, StateStorage, make_pools
+from marconi.cache.pools import MemoryBudget, make_pools
 from marconi.cache.tree import RadixTree
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class CacheConfig:
     eviction: str = "flop-aware"
     alpha: float = 0.0  # FLOP-aware weight; tuned online when the preset asks for "auto"
     page_size: int = 1
+    match_rule: str = "last-token"  # what a request may resume from (``marconi.cache.lease``)
 
     def make_admission(self) -> AdmissionPolicy:
         return ADMISSION_POLICIES.create(self.admission, **dict(self.admission_args))
@@ -77,15 +78,12 @@ class PrefixCache:
         cost: CostLike,
         budget: MemoryBudget,
         config: CacheConfig | None = None,
-        storage: StateStorage | None = None,
     ) -> None:
         self.cost = cost
         self.budget = budget
         self.config = config or CacheConfig()
         self.page_size = self.config.page_size
-        self.pools = make_pools(
-            budget, cost.kv_bytes_per_token, cost.state_bytes, self.page_size, storage
-        )
+        self.pools = make_pools(budget, cost.kv_bytes_per_token, cost.state_bytes, self.page_size)
         self.admission = self.config.make_admission()
         self.eviction = self.config.make_eviction()
         self.tree = RadixTree(self.pools, page_size=self.page_size, has_ssm=cost.has_ssm)
@@ -120,6 +118,13 @@ class PrefixCache:
         if self.pools.state is None:
             return ()
         return self.admission.decode_positions(input_len, seq_len)
+
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        """Decode steps in ``[lo, hi)`` where a request copies its working state out (see
+        ``AdmissionPolicy.capture_points``)."""
+        if self.pools.state is None:
+            return ()
+        return self.admission.capture_points(input_len, lo, hi)
 
     # ------------------------------------------------------------------ locking
     def lock(self, node: Node) -> None:
@@ -302,8 +307,8 @@ class PrefixCache:
 
 def clone_cache(cache: PrefixCache) -> PrefixCache:
     """An independent copy of ``cache`` (tree, pools, policies, counters) for what-if replays
-    (alpha tuning). Iterative, so deep trees do not hit the recursion limit. The copy has no
-    state storage: it accounts bytes only. Locks are copied as they are."""
+    (alpha tuning). Iterative, so deep trees do not hit the recursion limit. Slots only, no
+    tensors (the cache core never has any). Locks are copied as they are."""
     import copy
 
     new = copy.copy(cache)
@@ -318,7 +323,6 @@ def clone_cache(cache: PrefixCache) -> PrefixCache:
         st = copy.copy(cache.pools.state)
         st._recycled = cache.pools.state._recycled.copy()
         st.meter = meters[id(cache.pools.state.meter)]
-        st.storage = None
     new.pools = new.pools._replace(kv=kv, state=st)
     new.eviction = copy.deepcopy(cache.eviction)
     new.stats = copy.copy(cache.stats)

@@ -71,12 +71,12 @@ def get_preset(name: str) -> CachePreset:
 
 
 def preset_config(
-    name: str, alpha: float | None = None, page_size: int | None = None
+    name: str,
+    alpha: float | None = None,
+    page_size: int | None = None,
+    match_rule: str | None = None,
 ) -> CacheConfig:
-    """The preset's config, with an explicit alpha or page size if given."""
+    """The preset's config, with an explicit alpha, page size or match rule if given."""
     cfg = get_preset(name).config
-    if alpha is not None:
-        cfg = replace(cfg, alpha=alpha)
-    if page_size is not None:
-        cfg = replace(cfg, page_size=page_size)
-    return cfg
+    given = {"alpha": alpha, "page_size": page_size, "match_rule": match_rule}
+    return replace(cfg, **{k: v for k, v in given.items() if v is not None})

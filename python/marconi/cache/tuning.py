@@ -1,9 +1,9 @@
 """Alpha tuning for FLOP-aware eviction: what-if replays of recent requests on cache snapshots.
 
-Both tuners are fed every request before it is served (``observe``) and replay requests through
-copies of the cache with each alpha of a grid, using an injected ``replay``
-function (the simulator's, or an engine's token-only replay), so this module depends on nothing
-above the cache core.
+Both tuners are fed every request (``observe``) and replay requests through copies of the cache
+with each alpha of a grid. The replay is ``replay_fed`` (below): ``(input ids, fed tokens)``
+pairs driven through ``marconi.cache.lease.Leases``, the lifecycle the engine, the simulator and
+the SGLang backend's tuner all run, so a what-if replay counts hits exactly as the live cache does.
 
 - ``PaperTuner`` (the paper's method, our baseline): alpha = 0 until the first eviction; then
   snapshot the cache, record the next 5x as many requests as were seen so far, replay that window
@@ -24,11 +24,28 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+import numpy as np
+
+from marconi.cache.lease import Leases
 from marconi.cache.prefix_cache import PrefixCache, clone_cache
 from marconi.registry import Registry
 
-#: replay(cache_clone, requests) -> score (higher is better; the simulator returns hit tokens)
+#: replay(cache_clone, requests) -> score (higher is better; ``replay_fed`` returns hit tokens)
 ReplayFn = Callable[[PrefixCache, Sequence[Any]], float]
+#: what the tuners observe and replay: (input ids, tokens fed to the model = input + output[:-1])
+FedRequest = tuple[np.ndarray, np.ndarray]
+
+
+def replay_fed(cache: PrefixCache, items: Sequence[FedRequest]) -> int:
+    """Hit tokens of replaying finished requests sequentially through ``cache`` with the live
+    lifecycle (``Leases.replay``: same match rule, captures and insertion as the engine)."""
+    leases = Leases(cache)
+    hits = 0
+    for input_ids, fed in items:
+        lease = leases.replay(input_ids, fed)
+        hits += 0 if lease is None else lease.prefix_len
+    return hits
+
 
 DEFAULT_GRID = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -74,7 +91,7 @@ class AlphaTuner(ABC):
     def __init__(
         self,
         cache: PrefixCache,
-        replay: ReplayFn,
+        replay: ReplayFn = replay_fed,
         grid: Sequence[float] = DEFAULT_GRID,
         workers: int = 0,
     ) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
 
-from marconi.cache.presets import PRESETS
+from marconi.cache.presets import PRESETS, get_preset
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
 from marconi.units import parse_alpha, parse_bytes, split_size
 
@@ -100,6 +102,30 @@ class EngineConfig:
     def cache_enabled(self) -> bool:
         return self.prefix_cache != NO_CACHE
 
-    @property
+    @cached_property
     def cache_bytes(self) -> int:
+        """``cache_memory`` in bytes, read once (a fraction reads the device's memory)."""
         return parse_memory(self.cache_memory, self.device)
+
+    def resolve_cache(self) -> CacheSetup:
+        """The "auto" values of the cache, resolved once (``Engine`` calls this at construction)."""
+        reuse = self.cache_enabled
+        preset = self.prefix_cache if reuse else NO_CACHE_PRESET
+        alpha = parse_alpha(self.alpha)
+        tune = reuse and alpha is None and get_preset(preset).tune_alpha
+        return CacheSetup(preset, AUTO_ALPHA_FALLBACK if alpha is None else alpha, tune, reuse,
+                          self.cache_bytes)  # fmt: skip
+
+
+#: the preset whose pools ``--prefix-cache none`` allocates from (it never matches nor inserts)
+NO_CACHE_PRESET = "sglang+"
+
+
+class CacheSetup(NamedTuple):
+    """``EngineConfig``'s cache choices with "auto" resolved."""
+
+    preset: str  # a name in ``marconi.cache.presets``
+    alpha: float  # the FLOP-aware weight to start from
+    tune_alpha: bool  # a shadow tuner moves ``alpha`` online
+    reuse: bool  # False for ``--prefix-cache none`` (``marconi.cache.lease.NoReuse``)
+    nbytes: int  # the byte budget of KV + states

@@ -17,12 +17,13 @@ import numpy as np
 import torch
 
 from marconi.cache.cost import cost_model_from_hf_config
+from marconi.cache.lease import Leases, NoReuse
 from marconi.cache.pools import MemoryBudget
 from marconi.cache.prefix_cache import CacheStats, PrefixCache
-from marconi.cache.presets import get_preset, preset_config
-from marconi.cache.tuning import AlphaTuner, ShadowTuner
+from marconi.cache.presets import preset_config
+from marconi.cache.tuning import AlphaTuner, ShadowTuner, replay_fed
 from marconi.engine.cache_manager import CacheManager
-from marconi.engine.config import AUTO_ALPHA_FALLBACK, EngineConfig
+from marconi.engine.config import EngineConfig
 from marconi.engine.request import Detokenizer, Req, SamplingParams, StepOutput
 from marconi.engine.runner import ModelRunner
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
@@ -30,7 +31,6 @@ from marconi.engine.scheduler import Scheduler
 from marconi.models.loader import load_model, resolve_model_path
 from marconi.models.memory import HybridMemory
 from marconi.models.tokenizer import load_tokenizer
-from marconi.units import parse_alpha
 
 if TYPE_CHECKING:
     from marconi.cache.node import SizeInfo
@@ -94,11 +94,12 @@ class Engine:
         self.context_length = config.context_length or int(
             hf.get("max_position_embeddings") or 8192
         )
+        self.setup = config.resolve_cache()
         self.cache, self.memory = self._build_cache(hf)
         self.tuner = self._build_tuner()
-        self.manager = CacheManager(
-            self.cache, self.memory, enabled=config.cache_enabled, tuner=self.tuner
-        )
+        on_finish = None if self.tuner is None else self._observe
+        protocol = Leases if self.setup.reuse else NoReuse
+        self.manager = CacheManager(protocol(self.cache, on_finish), self.memory)
         self.runner = ModelRunner(self.model, self.memory, seed=config.seed)
         self.scheduler = Scheduler(
             self.manager,
@@ -114,38 +115,31 @@ class Engine:
     def _build_cache(self, hf: dict) -> tuple[PrefixCache, HybridMemory]:
         """A cache whose byte accounting is the real tensors' and a memory with exactly as many
         KV and state slots as the cache's pools."""
-        cfg = self.config
         probe = self.model.allocate_memory(1, 1)
         cost = dataclasses.replace(
             cost_model_from_hf_config(hf, name=self.model_path.name),
             kv_bytes_per_token=probe.kv_bytes_per_slot,
             state_bytes=probe.state_bytes_per_slot,
         )
-        name = cfg.prefix_cache if cfg.cache_enabled else "sglang+"
-        alpha = parse_alpha(cfg.alpha)
-        if alpha is None and get_preset(name).tune_alpha:
-            alpha = AUTO_ALPHA_FALLBACK  # the start; the shadow tuner moves it online
-        cache_cfg = preset_config(name, alpha=alpha)
-        cache = PrefixCache(cost, MemoryBudget.shared(cfg.cache_bytes), cache_cfg)
+        setup = self.setup
+        cache_cfg = preset_config(setup.preset, alpha=setup.alpha)
+        cache = PrefixCache(cost, MemoryBudget.shared(setup.nbytes), cache_cfg)
         kv, st = cache.pools.kv, cache.pools.state
         if kv is None or st is None:
             raise NotImplementedError("the engine serves hybrid models (attention + SSM) only")
         memory = self.model.allocate_memory(kv.num_slots * kv.page_size, st.num_slots)
-        st.storage = memory
         return cache, memory
 
     def _build_tuner(self) -> AlphaTuner | None:
         """``--alpha auto`` on a preset that tunes: shadow caches (byte counts only) fed with
         every finished request choose the FLOP-aware weight online (``marconi.cache.tuning``)."""
-        cfg = self.config
-        name = cfg.prefix_cache if cfg.cache_enabled else "sglang+"
-        if not cfg.cache_enabled or parse_alpha(cfg.alpha) is not None:
+        if not self.setup.tune_alpha:
             return None
-        if not get_preset(name).tune_alpha:
-            return None
-        from marconi.sim.replay import replay_fed
-
         return ShadowTuner(self.cache, replay=replay_fed, workers=1)
+
+    def _observe(self, input_ids: np.ndarray, fed_tokens: np.ndarray) -> None:
+        assert self.tuner is not None
+        self.tuner.observe((input_ids, fed_tokens))
 
     # ------------------------------------------------------------------ requests
     def make_request(
@@ -262,7 +256,7 @@ class Engine:
         assert kv is not None and st is not None
         return (
             f"model {self.config.model} ({self.model.config.architecture}), prefix cache "
-            f"{self.config.prefix_cache}, {self.config.cache_bytes / 2**30:.2f} GiB "
+            f"{self.config.prefix_cache}, {self.setup.nbytes / 2**30:.2f} GiB "
             f"(up to {kv.num_slots * kv.page_size} KV tokens or {st.num_slots} states), "
             f"context {self.context_length}"
         )

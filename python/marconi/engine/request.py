@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from marconi.engine.cache_manager import CacheHandle
+    from marconi.cache.lease import Lease
     from marconi.models.tokenizer import Tokenizer
 
 
@@ -120,7 +120,7 @@ class Req:
     finish_reason: str | None = None
     fed: int = 0
     cached_tokens: int = 0
-    handle: CacheHandle | None = None
+    lease: Lease | None = None
     detok: Detokenizer | None = None
     generator: object | None = None  # torch.Generator for seeded sampling
 

@@ -45,13 +45,13 @@ class Scheduler:
 
     def __init__(
         self,
-        cache: CacheManager,
+        manager: CacheManager,
         tokenizer: Tokenizer,
         max_running: int,
         prefill_budget: int,
         policy: SchedulePolicy | None = None,
     ) -> None:
-        self.cache = cache
+        self.manager = manager
         self.tokenizer = tokenizer
         self.max_running = max_running
         self.prefill_budget = prefill_budget
@@ -71,8 +71,8 @@ class Scheduler:
                 return self._end(req, "abort")
         for req in self.running:
             if req.rid == rid:
-                assert req.handle is not None
-                self.cache.abort(req.handle)
+                assert req.lease is not None
+                self.manager.abort(req.lease)
                 self.running.remove(req)
                 return self._end(req, "abort")
         return None
@@ -93,22 +93,22 @@ class Scheduler:
             if req.prefilling and budget > 0:
                 budget -= self._prefill(req, budget, items)
         if budget > 0 and len(self.running) < self.max_running:
-            ordered = self.policy.order(self.waiting, lambda r: self.cache.peek(r.prompt_ids))
+            ordered = self.policy.order(self.waiting, lambda r: self.manager.peek(r.prompt_ids))
             if ordered is not None:
                 self.waiting = deque(ordered)
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
             max_fed = req.prompt_len + req.max_new_tokens - 1
-            handle = self.cache.admit(req.prompt_ids, max_fed)
-            if handle is None:
+            lease = self.manager.admit(req.prompt_ids, max_fed)
+            if lease is None:
                 if not self.running:  # cannot happen for validated requests; never spin
                     self.waiting.popleft()
                     failed.append(self._end(req, "error"))
                     continue
                 break  # wait for running requests to give memory back
             self.waiting.popleft()
-            req.handle, req.status = handle, Status.RUNNING
-            req.fed = req.cached_tokens = handle.prefix_len
+            req.lease, req.status = lease, Status.RUNNING
+            req.fed = req.cached_tokens = lease.prefix_len
             self.running.append(req)
             budget -= self._prefill(req, budget, items)
         if not items:
@@ -117,22 +117,22 @@ class Scheduler:
         return ScheduledBatch(reqs, inputs, fed_after, samples), failed
 
     def _decode(self, req: Req) -> tuple[Req, SequenceInput, int, bool]:
-        handle = req.handle
-        assert handle is not None
-        self.cache.before_decode(handle, req.fed)
-        slots = self.cache.token_slots(handle, 0, req.fed + 1)
-        return req, SequenceInput([req.output_ids[-1]], slots, handle.working), req.fed + 1, True
+        lease = req.lease
+        assert lease is not None
+        self.manager.before_decode(lease, req.fed)
+        slots = self.manager.token_slots(lease, 0, req.fed + 1)
+        return req, SequenceInput([req.output_ids[-1]], slots, lease.working), req.fed + 1, True
 
     def _prefill(self, req: Req, budget: int, items: list) -> int:
         """Append the request's next prefill chunk (at most ``budget`` tokens); returns its size."""
-        handle = req.handle
-        assert handle is not None
+        lease = req.lease
+        assert lease is not None
         end = min(req.prompt_len, req.fed + budget)
-        caps = sorted(self.cache.prefill_captures(handle, req.fed, end).items())
+        caps = sorted(self.manager.prefill_captures(lease, req.fed, end).items())
         inp = SequenceInput(
             req.prompt_ids[req.fed : end],
-            self.cache.token_slots(handle, 0, end),
-            handle.working,
+            self.manager.token_slots(lease, 0, end),
+            lease.working,
             tuple(p for p, _ in caps),
             tuple(s for _, s in caps),
         )
@@ -159,10 +159,10 @@ class Scheduler:
             if reason is None:
                 outs.append(req.output((tok,), text))
                 continue
-            assert req.handle is not None
-            self.cache.finish(req.handle, req.fed_tokens())
+            assert req.lease is not None
+            self.manager.finish(req.lease, req.fed_tokens())
             self.running.remove(req)
-            req.status, req.finish_reason, req.handle = Status.FINISHED, reason, None
+            req.status, req.finish_reason, req.lease = Status.FINISHED, reason, None
             outs.append(req.output((tok,), text))
         return outs
 
@@ -177,5 +177,5 @@ class Scheduler:
         return None
 
     def _end(self, req: Req, reason: str) -> StepOutput:
-        req.status, req.finish_reason, req.handle = Status.FINISHED, reason, None
+        req.status, req.finish_reason, req.lease = Status.FINISHED, reason, None
         return req.output((), "")

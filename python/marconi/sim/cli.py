@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from marconi.cache.cost import list_presets, load_cost_model
+from marconi.cache.lease import MATCH_RULES
 from marconi.cache.presets import PRESETS
 from marconi.cache.tuning import TUNERS
 from marconi.sim.latency import PROFILES
@@ -40,6 +41,12 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("sequential", "concurrent"), default=_DEFAULT.mode)
     p.add_argument("--profile", choices=sorted(PROFILES), default=_DEFAULT.profile)
     p.add_argument("--workers", type=int, default=0, help="alpha-tuning processes (0 = cores)")
+    p.add_argument(
+        "--match-rule",
+        choices=MATCH_RULES.supported_names(),
+        default=_DEFAULT.match_rule,
+        help="what a request may resume from: last-token (engine, SGLang) or full (paper)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile=args.profile,
         trace_name=Path(args.trace[0]).name,
         workers=args.workers,
+        match_rule=args.match_rule,
     )
     result = simulate(trace, cost, spec, progress=not args.json and sys.stderr.isatty())
     print(json.dumps(result.to_dict()) if args.json else result.summary())
@@ -107,7 +115,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     caps = [parse_bytes(c) for c in (args.capacity or ["10GB", "40GB", "160GB"])]
     variants = [v for v in DEFAULT_VARIANTS if not args.policy or v.policy in args.policy]
     traces = {Path(t).name: _load(t, args) for t in args.trace}
-    base = SimSpec(mode=args.mode, profile=args.profile, workers=args.workers)
+    base = SimSpec(
+        mode=args.mode, profile=args.profile, workers=args.workers, match_rule=args.match_rule
+    )
     rows = run_sweep(traces, cost, caps, variants, base)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "sweep.csv")

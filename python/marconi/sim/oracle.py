@@ -31,13 +31,13 @@ import numpy as np
 
 from marconi.cache.cost import CostModel, load_cost_model
 from marconi.cache.eviction import CandidateInfo, EvictionIndex, EvictionPolicy
-from marconi.cache.node import EvictResult, MatchResult, Node
+from marconi.cache.node import EvictResult, InsertResult, MatchResult, Node
 from marconi.cache.pools import MemoryBudget
 from marconi.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi.sim.latency import get_profile
 from marconi.sim.metrics import SimResult
 from marconi.sim.replay import Replayer
-from marconi.sim.simulate import SimSpec, build_cache
+from marconi.sim.simulate import shared_prefixes
 from marconi.sim.traces import Request
 
 #: next-use index of a candidate no later request will use
@@ -63,12 +63,6 @@ class _Hasher:
         return h ^ (np.arange(n + 1, dtype=np.uint64) * _LEN_MIX)
 
 
-def _seq(req: Request) -> np.ndarray:
-    """The tokens fed to the model, as ``Replayer`` inserts them: input + output[:-1]."""
-    out = req.output_ids
-    return np.concatenate([req.input_ids, out[:-1]]) if len(out) > 1 else req.input_ids
-
-
 @dataclass(frozen=True)
 class Future:
     """What the oracle knows before the replay.
@@ -86,29 +80,22 @@ class Future:
 
 
 def future_uses(
-    trace: Sequence[Request], cost: CostModel, page_size: int = 1, hasher: _Hasher | None = None
+    trace: Sequence[Request],
+    cost: CostModel,
+    page_size: int = 1,
+    hasher: _Hasher | None = None,
+    match_rule: str = "last-token",
 ) -> Future:
     """Pre-pass: each request's longest common prefix with all earlier sequences, keyed."""
     hasher = hasher or _Hasher()
-    unbounded, _ = build_cache(cost, SimSpec(policy="sglang+", capacity_bytes=2**62))
-    wanted: list[int] = []
+    wanted, _ = shared_prefixes(trace, cost, page_size, match_rule)
     uses: dict[int, list[int]] = {}
     rep: dict[int, np.ndarray] = {}
-    for j, req in enumerate(trace):
-        m = unbounded.match(req.input_ids)
-        h = m.cached_len - m.cached_len % page_size
-        wanted.append(h)
+    for j, (req, h) in enumerate(zip(trace, wanted, strict=True)):
         if h:
             key = int(hasher.prefixes(req.input_ids[:h])[h])
             uses.setdefault(key, []).append(j)
             rep.setdefault(key, req.input_ids[:h])
-        seq = _seq(req)
-        kv = None
-        if unbounded.pools.kv is not None:
-            own = unbounded.alloc_kv(len(seq) - len(m.kv))
-            assert own is not None
-            kv = np.concatenate([m.kv, own])
-        unbounded.insert(seq, kv)
     keys = np.array(sorted(uses), dtype=np.uint64)
     return Future(wanted, uses, rep, keys)
 
@@ -137,15 +124,21 @@ class BeladyFlops(EvictionPolicy):
 class OracleCache(PrefixCache):
     """A ``PrefixCache`` whose admission and eviction read the ``Future``.
 
-    Driving contract (sequential): ``prepare(i, req)`` before serving request ``i``, then
-    ``Replayer.begin`` (which calls ``plan_prefill``/``plan_decode``), then ``adopt`` with the
-    flight's states, then ``Replayer.end``.
+    Driving contract (sequential): ``prepare(i, req)`` before serving request ``i`` with the
+    usual lifecycle (``Replayer.serve``); ``insert`` remembers which planned prefix each
+    inserted state checkpoints.
     """
 
     def __init__(
-        self, cost: CostModel, budget: MemoryBudget, future: Future, page_size: int = 1
+        self,
+        cost: CostModel,
+        budget: MemoryBudget,
+        future: Future,
+        page_size: int = 1,
+        match_rule: str = "last-token",
     ) -> None:
-        super().__init__(cost, budget, CacheConfig("marconi", {}, "lru", page_size=page_size))
+        config = CacheConfig("marconi", {}, "lru", page_size=page_size, match_rule=match_rule)
+        super().__init__(cost, budget, config)
         self.future = future
         self.hasher = _Hasher()
         self.eviction: BeladyFlops = BeladyFlops()
@@ -161,7 +154,7 @@ class OracleCache(PrefixCache):
     def prepare(self, i: int, req: Request) -> None:
         """Start request ``i``: find the positions of its sequence that a later request wants."""
         self.now = self.eviction.now = i
-        self._seq = seq = _seq(req)
+        self._seq = seq = req.fed_ids
         self._plan = {}
         if not len(self.future.keys):
             return
@@ -189,10 +182,17 @@ class OracleCache(PrefixCache):
     def plan_decode(self, input_len: int, seq_len: int) -> tuple[int, ...]:
         return self._wanted(input_len, seq_len)
 
-    def adopt(self, states: dict[int, int]) -> None:
-        """Remember which prefix each of the request's state slots will checkpoint."""
-        for p, slot in states.items():
-            self._slot_key[slot] = self._plan[p]
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        return self._wanted(max(lo - 1, input_len), hi - 1)  # p in [lo, hi) is captured at p
+
+    def insert(
+        self, tokens: np.ndarray, kv: np.ndarray | None, states: dict[int, int] | None = None
+    ) -> InsertResult:
+        """``PrefixCache.insert``, remembering which prefix each offered state checkpoints."""
+        for p, slot in (states or {}).items():
+            if p in self._plan:
+                self._slot_key[slot] = self._plan[p]
+        return super().insert(tokens, kv, states)
 
     # -------------------------------------------------------------- eviction
     def next_use(self, node: Node) -> int:
@@ -223,6 +223,7 @@ def simulate_oracle(
     *,
     profile: str = "a100",
     trace_name: str = "trace",
+    match_rule: str = "last-token",
 ) -> SimResult:
     """Replay ``trace`` sequentially through an ``OracleCache`` of ``capacity_bytes`` (shared
     budget); the result has policy ``"oracle"`` and the same fields as ``simulate``'s.
@@ -233,14 +234,13 @@ def simulate_oracle(
     if not cost.has_ssm:
         raise ValueError(f"{cost.name}: the oracle needs a model with SSM layers")
     t0 = time.perf_counter()
-    future = future_uses(trace, cost, page_size)
-    cache = OracleCache(cost, MemoryBudget.shared(capacity_bytes), future, page_size)
+    future = future_uses(trace, cost, page_size, match_rule=match_rule)
+    budget = MemoryBudget.shared(capacity_bytes)
+    cache = OracleCache(cost, budget, future, page_size, match_rule)
     rp = Replayer(cache, get_profile(profile))
     for i, req in enumerate(trace):
         cache.prepare(i, req)
-        flight = rp.begin(req)
-        cache.adopt(flight.states)
-        rp.end(flight)
+        rp.serve(req)
     wall = time.perf_counter() - t0
     cache.check_integrity()
     return rp.result(

@@ -1,42 +1,39 @@
 """Trace replay through the real cache core (byte counts, no tensors).
 
-Each request is driven through ``PrefixCache`` exactly as the engine drives it: match, lock,
-speculative insertion + admission plan, allocate the request's KV and checkpoint slots (evicting
-first), then on finish insert the tokens fed to the model (input + output[:-1]) with the
-captured states and unlock. Sequential mode is the paper's (each request finishes before the
-next starts); concurrent mode overlaps requests by arrival time and a modeled duration, so
-in-flight requests pin their prefix and hold their memory, as in a real server.
+Each request runs the engine's lifecycle, ``marconi.cache.lease.Leases``: ``begin`` (match rule,
+lock, KV for every token it feeds, a working state, the planned prefill captures), the decode
+captures, then ``finish`` (insert the fed tokens, input + output[:-1], unlock). Sequential mode is
+the paper's (each request finishes before the next starts); concurrent mode overlaps requests by
+arrival time and a modeled duration, so in-flight requests pin their prefix and hold their
+memory, as in a real server. A request that does not fit (``begin`` is None: larger than the
+budget, or, concurrently, than what in-flight requests leave) is served without the cache.
 """
 
 from __future__ import annotations
 
 import heapq
-import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 from tqdm import tqdm
 
+from marconi.cache.lease import Lease, Leases
 from marconi.sim.latency import LatencyProfile
 from marconi.sim.metrics import RequestRecord, SimResult, by_length, percentile
 
 if TYPE_CHECKING:
-    from marconi.cache.node import MatchResult
     from marconi.cache.prefix_cache import PrefixCache
     from marconi.sim.traces import Request
 
 
 @dataclass
 class Flight:
-    """A request in flight: its locked match and the memory it holds."""
+    """A request in flight: its lease (None: served without the cache) and its record."""
 
-    seq: np.ndarray  # tokens that will have been fed to the model: input + output[:-1]
-    match: MatchResult
-    kv: np.ndarray | None  # all KV slots of seq (matched prefix + own), None if uncached
-    states: dict[int, int] = field(default_factory=dict)
-    record: RequestRecord | None = None
+    req: Request
+    lease: Lease | None
+    record: RequestRecord
 
 
 class Replayer:
@@ -44,50 +41,45 @@ class Replayer:
 
     def __init__(self, cache: PrefixCache, profile: LatencyProfile | None = None) -> None:
         self.cache = cache
+        self.leases = Leases(cache)
         self.profile = profile
         self.records: list[RequestRecord] = []
         self.reused_states: set[tuple[int, int]] = set()
         self.uncached = 0
-        self.hit_tokens = 0  # running total (tuners read it)
+        self.hit_tokens = 0  # running total
 
     # -------------------------------------------------------------- one request
     def begin(self, req: Request) -> Flight:
-        cache = self.cache
-        inp = req.input_ids
-        m = cache.match(inp)
-        cache.lock(m.node)
-        if m.usable_len and m.state is not None:
-            self.reused_states.add((m.node.id, m.state))
-        out = req.output_ids
-        seq = np.concatenate([inp, out[:-1]]) if len(out) > 1 else inp
-        flight = Flight(seq, m, None, record=self._record(req, m.usable_len))
-        if cache.pools.kv is not None:
-            p = cache.page_size
-            own = cache.alloc_kv(-(-len(seq) // p) - len(m.kv))
-            if own is None:  # larger than the whole budget: served without caching
-                self.uncached += 1
-                return flight
-            flight.kv = np.concatenate([m.kv, own])
-        elif cache.pools.state is None:
-            return flight
-        if cache.pools.state is not None:
-            positions = cache.plan_prefill(inp, m) + cache.plan_decode(len(inp), len(seq))
-            flight.states = dict(zip(positions, cache.alloc_states(len(positions)), strict=False))
-        return flight
+        lease = self.leases.begin(req.input_ids, len(req.fed_ids))
+        if lease is None:
+            self.uncached += 1
+        elif lease.prefix_len and lease.match.state is not None:
+            self.reused_states.add((lease.match.node.id, lease.match.state))
+        return Flight(req, lease, self._record(req, 0 if lease is None else lease.prefix_len))
+
+    def advance(self, flight: Flight, fed: int) -> None:
+        """The request decoded until ``fed`` tokens are fed (its captures so far)."""
+        if flight.lease is not None:
+            self.leases.decode(flight.lease, fed)
 
     def end(self, flight: Flight) -> None:
-        cache = self.cache
-        if flight.kv is not None or (cache.pools.kv is None and flight.states):
-            cache.insert(flight.seq, flight.kv, flight.states)
-        cache.unlock(flight.match.node)
-        if flight.record is not None:
-            self.records.append(flight.record)
+        """The request decoded and finished (``Leases.decode`` + ``finish``)."""
+        if flight.lease is not None:
+            fed = flight.req.fed_ids
+            self.leases.decode(flight.lease, len(fed))
+            self.leases.finish(flight.lease, fed)
+        self.records.append(flight.record)
+
+    def abort(self, flight: Flight) -> None:
+        """The request was cancelled: it gives everything back and is not recorded."""
+        if flight.lease is not None:
+            self.leases.abort(flight.lease)
+        self.hit_tokens -= flight.record.hit_len
 
     def serve(self, req: Request) -> RequestRecord:
         """Sequential: begin and end one request."""
         flight = self.begin(req)
         self.end(flight)
-        assert flight.record is not None
         return flight.record
 
     def _record(self, req: Request, hit: int) -> RequestRecord:
@@ -156,7 +148,6 @@ class Replayer:
             if before is not None:
                 before(i, req)
             flight = self.begin(req)
-            assert flight.record is not None
             duration = flight.record.ttft_s + self.profile.decode_s_per_token * max(
                 req.num_output_tokens - 1, 0
             )
@@ -165,29 +156,3 @@ class Replayer:
             self.end(heapq.heappop(finishing)[2])
             bar.update()
         bar.close()
-
-
-def replay_fed(cache: PrefixCache, items: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
-    """Hit tokens of replaying ``(input ids, fed tokens)`` pairs, as an engine records finished
-    requests (fed = input + output[:-1]); the shadow-cache tuner's replay in the engine."""
-    from marconi.sim.traces import Request
-
-    # the replayer feeds input + output[:-1]: a placeholder last output token gives back ``fed``
-    reqs = [
-        Request("", 0, 0.0, inp, np.append(fed[len(inp) :], 0).astype(np.int64))
-        for inp, fed in items
-    ]
-    return replay_hits(cache, reqs)
-
-
-def replay_hits(cache: PrefixCache, trace: Iterable[Request]) -> int:
-    """Hit tokens of a sequential replay (used by the alpha tuners on cache snapshots)."""
-    rp = Replayer(cache)
-    rp.run_sequential(trace)
-    return rp.hit_tokens
-
-
-def timed(fn: Callable[[], None]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t

@@ -7,16 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
 from marconi.cache.cost import CostModel, load_cost_model
+from marconi.cache.lease import Leases
 from marconi.cache.pools import MemoryBudget
 from marconi.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi.cache.presets import get_preset, preset_config
 from marconi.cache.tuning import TUNERS, AlphaTuner
 from marconi.sim.latency import get_profile
 from marconi.sim.metrics import SimResult
-from marconi.sim.replay import Replayer, replay_hits
+from marconi.sim.replay import Replayer
 from marconi.sim.traces import Request
 from marconi.units import parse_bytes
 
@@ -36,17 +35,14 @@ class SimSpec:
     profile: str = "a100"
     trace_name: str = "trace"
     workers: int = 0  # tuning processes (0 = one per core)
-
-
-def _sim_hits(cache: PrefixCache, window: Sequence[Request]) -> float:
-    return float(replay_hits(cache, window))
+    match_rule: str = "last-token"  # what a request may resume from (``marconi.cache.lease``)
 
 
 def build_cache(cost: CostModel, spec: SimSpec) -> tuple[PrefixCache, bool]:
     """The cache for ``spec`` and whether its alpha must be tuned online."""
     preset = get_preset(spec.policy)
     fixed = None if spec.alpha == "auto" else float(spec.alpha)
-    config: CacheConfig = preset_config(spec.policy, alpha=fixed)
+    config: CacheConfig = preset_config(spec.policy, alpha=fixed, match_rule=spec.match_rule)
     cache = PrefixCache(cost, MemoryBudget.shared(spec.capacity_bytes), config)
     return cache, preset.tune_alpha and fixed is None
 
@@ -60,11 +56,11 @@ def simulate(
     cache, tune = build_cache(cost, spec)
     tuner: AlphaTuner | None = None
     if tune:
-        tuner = TUNERS.create(spec.tuner, cache=cache, replay=_sim_hits, workers=spec.workers)
+        tuner = TUNERS.create(spec.tuner, cache=cache, workers=spec.workers)
     rp = Replayer(cache, get_profile(spec.profile))
     start_admitted = cache.stats.states_admitted
     t0 = time.perf_counter()
-    before = None if tuner is None else (lambda i, req: tuner.observe(req))
+    before = None if tuner is None else (lambda i, req: tuner.observe((req.input_ids, req.fed_ids)))
     run = rp.run_concurrent if spec.mode == "concurrent" else rp.run_sequential
     if spec.mode not in ("sequential", "concurrent"):
         raise ValueError(f"unknown mode {spec.mode!r}: sequential or concurrent")
@@ -84,10 +80,13 @@ def simulate(
     )
 
 
-def infinite_bound(trace: Sequence[Request], cost: CostModel, page_size: int = 1) -> float:
+def infinite_bound(
+    trace: Sequence[Request], cost: CostModel, page_size: int = 1, match_rule: str = "last-token"
+) -> float:
     """Token hit rate if every earlier prefix were reusable (unbounded cache, a state at every
-    position): each input's longest common prefix with all earlier sequences."""
-    return infinite_cache(trace, cost, page_size).hit_rate
+    position): each request's longest common prefix (of its match key) with all earlier
+    sequences."""
+    return infinite_cache(trace, cost, page_size, match_rule).hit_rate
 
 
 class InfiniteCache(NamedTuple):
@@ -95,22 +94,28 @@ class InfiniteCache(NamedTuple):
     unique_tokens: int  # tokens an unbounded tree ends up holding
 
 
-def infinite_cache(trace: Sequence[Request], cost: CostModel, page_size: int = 1) -> InfiniteCache:
-    """``infinite_bound`` plus the size of what an unbounded cache would hold."""
-    spec = SimSpec(policy="sglang+", capacity_bytes=2**62)
+def shared_prefixes(
+    trace: Sequence[Request], cost: CostModel, page_size: int = 1, match_rule: str = "last-token"
+) -> tuple[list[int], PrefixCache]:
+    """Each request's longest (page-aligned) common prefix with every earlier sequence, found
+    by replaying the trace through an unbounded cache with the live lifecycle; and that cache."""
+    spec = SimSpec(policy="sglang+", capacity_bytes=2**62, match_rule=match_rule)
     cache, _ = build_cache(cost, spec)
-    hits = total = 0
+    leases = Leases(cache)
+    lens: list[int] = []
     for req in trace:
-        m = cache.match(req.input_ids)
-        hits += m.cached_len - m.cached_len % page_size
-        total += req.num_input_tokens
-        out = req.output_ids
-        seq = np.concatenate([req.input_ids, out[:-1]]) if len(out) > 1 else req.input_ids
-        if cache.pools.kv is not None:
-            kv = cache.alloc_kv(len(seq) - len(m.kv))
-            assert kv is not None
-            cache.insert(seq, np.concatenate([m.kv, kv]))
-        else:
-            cache.insert(seq, None)
+        lease = leases.replay(req.input_ids, req.fed_ids)
+        assert lease is not None
+        kv_len = lease.match.cached_len
+        lens.append(kv_len - kv_len % page_size)
+    return lens, cache
+
+
+def infinite_cache(
+    trace: Sequence[Request], cost: CostModel, page_size: int = 1, match_rule: str = "last-token"
+) -> InfiniteCache:
+    """``infinite_bound`` plus the size of what an unbounded cache would hold."""
+    lens, cache = shared_prefixes(trace, cost, page_size, match_rule)
+    total = sum(req.num_input_tokens for req in trace)
     unique = sum(len(n.key) for n in cache.tree.iter_nodes())
-    return InfiniteCache(hits / total if total else 0.0, unique)
+    return InfiniteCache(sum(lens) / total if total else 0.0, unique)

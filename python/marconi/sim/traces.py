@@ -73,6 +73,13 @@ class Request:
     def num_output_tokens(self) -> int:
         return int(self.output_ids.shape[0])
 
+    @property
+    def fed_ids(self) -> np.ndarray:
+        """The tokens the model computes KV and states for: input + output[:-1] (the last
+        output token is sampled, never fed)."""
+        out = self.output_ids
+        return np.concatenate([self.input_ids, out[:-1]]) if len(out) > 1 else self.input_ids
+
 
 Trace = list[Request]
 

@@ -42,7 +42,7 @@ from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from marconi.cache.cost import CostModel, cost_model_from_hf_config
-from marconi.integrations.sglang.plugin import ALPHA_ENV, BACKEND_NAME
+from marconi.integrations.sglang.names import ALPHA_ENV, BACKEND_NAME
 from marconi.integrations.sglang.policy import MarconiPolicy
 from marconi.integrations.sglang.tuning import AUTO_ALPHA_START, BackendAlphaTuner
 from marconi.units import parse_alpha

@@ -23,14 +23,13 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from marconi.integrations.sglang.names import ALPHA_ENV, BACKEND_NAME
 from marconi.units import AUTO, parse_alpha
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext
 
-BACKEND_NAME = "marconi"
-ALPHA_ENV = "SGLANG_MARCONI_ALPHA"
 #: ``--prefix-cache`` value -> ``--radix-cache-backend`` value (None: SGLang's default chain)
 PREFIX_CACHE_CHOICES: dict[str, str | None] = {"marconi": BACKEND_NAME, "lru": None}
 ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"

@@ -1,7 +1,8 @@
 """Online alpha tuning for the SGLang backend (``--marconi-alpha auto``, the default).
 
 The same tuner as Marconi's own engine (``marconi.cache.tuning.ShadowTuner`` with
-``marconi.sim.replay.replay_fed``, one process): one shadow ``PrefixCache`` per alpha of the grid
+``marconi.cache.tuning.replay_fed``, one process, replaying with SGLang's match rule
+``names.SGLANG_MATCH_RULE``): one shadow ``PrefixCache`` per alpha of the grid
 (byte counts only, no tensors) is fed every finished request; every ``window`` requests the
 reference cache takes the alpha whose shadow had the best decayed hit score. ``BackendAlphaTuner``
 builds that reference cache for an SGLang deployment and copies its alpha into the backend's
@@ -26,9 +27,9 @@ import numpy as np
 from marconi.cache.pools import MemoryBudget
 from marconi.cache.prefix_cache import PrefixCache
 from marconi.cache.presets import preset_config
-from marconi.cache.tuning import ShadowTuner
+from marconi.cache.tuning import ShadowTuner, replay_fed
+from marconi.integrations.sglang.names import SGLANG_MATCH_RULE
 from marconi.integrations.sglang.policy import MarconiPolicy
-from marconi.sim.replay import replay_fed
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,9 @@ class BackendAlphaTuner:
         self.budget_bytes = int(kv_slots) * cost.kv_bytes_per_token + int(state_slots) * int(
             cost.state_bytes
         )
-        config = preset_config("marconi", alpha=policy.alpha, page_size=page_size)
+        config = preset_config(
+            "marconi", alpha=policy.alpha, page_size=page_size, match_rule=SGLANG_MATCH_RULE
+        )
         self.reference = PrefixCache(cost, MemoryBudget.shared(self.budget_bytes), config)
         self.tuner = ShadowTuner(self.reference, replay=replay_fed, workers=1, window=window)
         logger.info(
