@@ -168,7 +168,13 @@ def _allocated_bytes(config: Any) -> tuple[int, int]:
 def test_bytes_equal_what_transformers_allocates(arch: str) -> None:
     config = _tiny_configs()[arch]
     kv, state = _allocated_bytes(config)
-    model = cost_model_from_hf_config(config.to_dict(), name=arch)
+    runtime = cost_model_from_hf_config(config.to_dict(), name=arch)  # d_conv - 1 conv columns
+    d_conv = runtime.ssm[0].d_conv if runtime.ssm else None
+    model = cost_model_from_hf_config(config.to_dict(), name=arch, conv_columns=d_conv)
+    assert runtime.kv_bytes_per_token == model.kv_bytes_per_token
+    if d_conv is not None:  # transformers keeps the whole conv window, runtimes one column less
+        conv_col = model.conv_state_bytes // d_conv
+        assert runtime.state_bytes == model.state_bytes - conv_col
     assert model.kv_bytes_per_token * TOKENS == kv
     assert model.state_bytes == state
     assert model.has_attention == (kv > 0) and model.has_ssm == (state > 0)
@@ -219,7 +225,7 @@ def test_mamba1_flops_are_paper_formula_plus_conv_and_dt_terms() -> None:
     paper = 12 * n * d**2 + 16 * n * d * n_state + 10 * n * d
     assert model.prefill_flops(n) == paper + n * (4 * conv * d + 8 * d * rank)
     assert model.kv_bytes_per_token == 0
-    assert model.state_bytes == 2 * d * conv * 2 + 2 * d * n_state * 4
+    assert model.state_bytes == 2 * d * (conv - 1) * 2 + 2 * d * n_state * 4
 
 
 def test_jamba_mini_numbers() -> None:
@@ -227,7 +233,7 @@ def test_jamba_mini_numbers() -> None:
     assert model.layers == LayerCounts(attention=4, ssm=28, mlp=16, moe=16)
     assert model.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2
     d_inner = 2 * 4096
-    assert model.conv_state_bytes == 28 * d_inner * 4 * 2
+    assert model.conv_state_bytes == 28 * d_inner * 3 * 2  # d_conv - 1 columns, as runtimes keep
     assert model.ssm_state_bytes == 28 * d_inner * 16 * 4
     assert model.state_bytes == model.conv_state_bytes + model.ssm_state_bytes
 
@@ -236,8 +242,11 @@ def test_paper_7b_matches_papers_17_4_gb_for_10k_tokens() -> None:
     model = load_cost_model("paper-7b")
     assert model.layers == LayerCounts(attention=4, ssm=24, mlp=28, moe=0)
     assert model.ssm_state_dtype == "float16"
-    # vLLM+ in the paper: one checkpoint every 32 tokens of a 10K-token sequence -> 17.4 GB.
-    assert round(model.cache_bytes(10_240, 10_240 // 32) / 1e9, 1) == 17.4
+    # vLLM+ in the paper: one checkpoint every 32 tokens of a 10K-token sequence -> 17.4 GB,
+    # counting the whole conv window as transformers does; runtimes keep one column less.
+    paper = load_cost_model("paper-7b", conv_columns=4)
+    assert round(paper.cache_bytes(10_240, 10_240 // 32) / 1e9, 1) == 17.4
+    assert round(model.cache_bytes(10_240, 10_240 // 32) / 1e9, 1) == 17.2
 
 
 def test_pure_attention_has_no_state_and_pure_mamba_no_kv() -> None:

@@ -144,10 +144,10 @@ def test_mamba_pool_holds_mamba1_states_sized_like_marconis_cost_model(
     # SSM state: identical (fp32, [d_inner, d_state] per Mamba layer).
     assert cost.ssm_state_bytes == layers * d_inner * d_state * 4
     assert cost.ssm_state_bytes == params.mamba_cache_per_req - layers * d_inner * (d_conv - 1) * 2
-    # Conv state: marconi counts transformers' [d_inner, d_conv] window, SGLang keeps d_conv-1
-    # columns (the newest input is not stored): exactly one column per channel less.
-    assert cost.conv_state_bytes == layers * d_inner * d_conv * 2
-    assert params.mamba_cache_per_req == cost.state_bytes - cost.conv_state_bytes // d_conv
+    # Conv state: SGLang keeps d_conv - 1 columns (the newest input is not stored), as marconi's
+    # layer specs count it (transformers' cache keeps the whole window: conv_columns=d_conv).
+    assert cost.conv_state_bytes == layers * d_inner * (d_conv - 1) * 2
+    assert params.mamba_cache_per_req == cost.state_bytes
     # KV: the attention layers' K and V per token, in the model dtype (bf16).
     head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
     attn = len(mambaish_config(mc).full_attention_layer_ids)

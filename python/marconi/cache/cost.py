@@ -43,8 +43,8 @@ from marconi.cache.shapes import (
     MoEShape,
     ParsedConfig,
     SSMShape,
-    dtype_bytes,
 )
+from marconi.cache.spec import CacheDtypes, ModelCacheSpec
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -102,10 +102,12 @@ def ssm_token_flops(s: SSMShape) -> int:
 class CostModel:
     """FLOPs and cache bytes of one model; build with ``load_cost_model`` or ``from_parsed``.
 
-    Byte fields are exact sizes of the tensors transformers allocates (batch 1):
-    ``kv_bytes_per_token`` = sum over attention layers of 2*num_kv_heads*head_dim*dtype bytes;
-    ``state_bytes`` = ``conv_state_bytes`` + ``ssm_state_bytes``, one SSM checkpoint over all SSM
-    layers (conv state [conv_dim, d_conv] in the model dtype, SSM state in ``ssm_state_dtype``).
+    Byte fields come from the layer specs (``marconi.cache.spec``, ``spec``): the slot sizes a
+    runtime allocates. ``kv_bytes_per_token`` = sum over attention layers of
+    2*num_kv_heads*head_dim*dtype bytes; ``state_bytes`` = ``conv_state_bytes`` +
+    ``ssm_state_bytes``, one SSM checkpoint over all SSM layers (conv state
+    [d_conv - 1, conv_dim] in the model dtype, as our runtime, SGLang and vLLM keep it, or
+    ``conv_columns`` columns; SSM state in ``ssm_state_dtype``).
     """
 
     name: str
@@ -123,6 +125,7 @@ class CostModel:
     ssm: tuple[SSMShape, ...] = ()
     linear: tuple[LinearShape, ...] = ()
     causal_attention: bool = field(default=False)
+    spec: ModelCacheSpec = field(default=ModelCacheSpec((), ()), repr=False)
 
     @classmethod
     def from_parsed(
@@ -132,15 +135,19 @@ class CostModel:
         dtype: str | None = None,
         ssm_state_dtype: str | None = None,
         causal_attention: bool = False,
+        conv_columns: int | None = None,
     ) -> CostModel:
-        """Derive byte sizes from parsed shapes. ``dtype`` overrides every cache tensor's dtype
-        (KV, conv and SSM state); ``ssm_state_dtype`` then overrides the SSM state alone."""
+        """Derive byte sizes from the layer specs of parsed shapes. ``dtype`` overrides every
+        cache tensor's dtype (KV, conv and SSM state); ``ssm_state_dtype`` then overrides the
+        SSM state alone. ``conv_columns``: conv-state columns (default d_conv - 1; transformers
+        keeps d_conv)."""
         model_dtype = dtype or parsed.dtype
         state_dtype = ssm_state_dtype or dtype or parsed.ssm_state_dtype
-        elem, state_elem = dtype_bytes(model_dtype), dtype_bytes(state_dtype)
-        kv = sum(a.count * 2 * a.num_kv_heads * a.head_dim * elem for a in parsed.attention)
-        conv = sum(s.count * s.conv_state_elems * elem for s in parsed.ssm)
-        ssm = sum(s.count * s.ssm_state_elems * state_elem for s in parsed.ssm)
+        spec = ModelCacheSpec.of(parsed)
+        dtypes = CacheDtypes(model_dtype, state_dtype)
+        kv = spec.kv_bytes_per_token(dtypes)
+        conv = spec.conv_state_bytes(dtypes, conv_columns)
+        ssm = spec.ssm_state_bytes(dtypes)
         counts = LayerCounts(
             attention=sum(a.count for a in parsed.attention),
             ssm=sum(s.count for s in parsed.ssm),
@@ -163,6 +170,7 @@ class CostModel:
             ssm=parsed.ssm,
             linear=parsed.linear,
             causal_attention=causal_attention,
+            spec=spec,
         )
 
     @property
@@ -261,13 +269,17 @@ def cost_model_from_hf_config(
     *,
     ssm_state_dtype: str | None = None,
     causal_attention: bool = False,
+    conv_columns: int | None = None,
 ) -> CostModel:
     """Cost model of an HF ``config.json`` dict (Jamba, Nemotron-H, Granite-4.0-hybrid, Bamba,
     Falcon-H1, Zamba2, Mamba, Mamba2, Llama-style). Dtypes come from ``dtype``/``torch_dtype``
-    (SSM state: ``mamba_ssm_cache_dtype`` or fp32, as transformers caches it) unless overridden;
-    see ``CostModel.from_parsed``. Raises ValueError for unsupported configs."""
+    (SSM state: ``mamba_ssm_cache_dtype`` or fp32, as transformers caches it) unless overridden
+    (a runtime passes its served dtypes); see ``CostModel.from_parsed``. Raises ValueError for
+    unsupported configs."""
     parsed = parse_hf_config(config)
-    return CostModel.from_parsed(name, parsed, dtype, ssm_state_dtype, causal_attention)
+    return CostModel.from_parsed(
+        name, parsed, dtype, ssm_state_dtype, causal_attention, conv_columns
+    )
 
 
 def load_cost_model(
@@ -276,6 +288,7 @@ def load_cost_model(
     *,
     ssm_state_dtype: str | None = None,
     causal_attention: bool = False,
+    conv_columns: int | None = None,
 ) -> CostModel:
     """Cost model of a preset name (see ``list_presets()``), or of a path to an HF
     ``config.json`` or to a folder holding one. Unknown names raise ValueError."""
@@ -293,5 +306,10 @@ def load_cost_model(
         )
     config = json.loads(path.read_text())
     return cost_model_from_hf_config(
-        config, name, dtype, ssm_state_dtype=ssm_state_dtype, causal_attention=causal_attention
+        config,
+        name,
+        dtype,
+        ssm_state_dtype=ssm_state_dtype,
+        causal_attention=causal_attention,
+        conv_columns=conv_columns,
     )

@@ -57,10 +57,14 @@ def _ssm_dtype(cfg: Config) -> str:
     return _dtype(cfg) if value == "auto" else str(value).removeprefix("torch.")
 
 
-def _attention(cfg: Config, count: int, in_dim: int | None = None) -> AttentionShape:
+def attention_shape(
+    cfg: Config, count: int = 1, in_dim: int | None = None, head_dim: int | None = None
+) -> AttentionShape:
+    """An attention mixer from the usual HF fields; ``head_dim`` is the architecture's default
+    when the config has none (hidden // heads if None)."""
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
-    head_dim = int(_get(cfg, "head_dim", default=hidden // heads))
+    head_dim = int(_get(cfg, "head_dim", default=head_dim or hidden // heads))
     kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
     return AttentionShape(count, in_dim or hidden, hidden, heads, kv_heads, head_dim)
 
@@ -102,7 +106,7 @@ def _mamba1(cfg: Config, count: int, keys: tuple[str, ...], *defaults: Any) -> S
     )
 
 
-def _kind(name: str) -> str:
+def layer_kind(name: str) -> str:
     """Normalise a per-layer type name (old and new transformers spellings, pattern chars)."""
     table = {
         "M": "ssm", "mamba": "ssm", "mamba2": "ssm", "linear_attention": "ssm",
@@ -149,45 +153,81 @@ def parse_transformer(cfg: Config) -> ParsedConfig:
     if experts > 1:
         inter = int(_get(cfg, "moe_intermediate_size", "intermediate_size"))
         ffn = MoEShape(n, hidden, experts, int(cfg["num_experts_per_tok"]), inter, gated=True)
-    return _finish(cfg, [_attention(cfg, n), ffn])
+    return _finish(cfg, [attention_shape(cfg, n), ffn])
+
+
+def jamba_mamba(cfg: Config) -> SSMShape:
+    """Jamba's Mamba-1 mixer (transformers ``JambaConfig`` defaults)."""
+    keys = ("mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank")
+    return _mamba1(cfg, 1, keys, 2, 16, 4, "auto")
+
+
+def jamba_layout(cfg: Config) -> list[tuple[bool, bool]]:
+    """Per layer: (attention mixer?, MoE feed-forward?) from the attention and expert periods;
+    MoE only with more than one expert."""
+    a_per, a_off = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
+    e_per, e_off = int(cfg.get("expert_layer_period", 2)), int(cfg.get("expert_layer_offset", 1))
+    moe = int(cfg.get("num_experts", 16)) > 1
+    n = int(cfg["num_hidden_layers"])
+    return [(i % a_per == a_off, moe and i % e_per == e_off) for i in range(n)]
 
 
 @_register("JambaForCausalLM", "jamba")
 def parse_jamba(cfg: Config) -> ParsedConfig:
     """Jamba: Mamba-1 + attention every ``attn_layer_period``; MoE every ``expert_layer_period``."""
-    n, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-    keys = ("mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank")
-    mamba = _mamba1(cfg, 1, keys, 2, 16, 4, "auto")
+    hidden = int(cfg["hidden_size"])
+    mamba = jamba_mamba(cfg)
     experts, inter = int(cfg.get("num_experts", 16)), int(cfg["intermediate_size"])
     moe = MoEShape(1, hidden, experts, int(cfg.get("num_experts_per_tok", 2)), inter, gated=True)
     mlp = MLPShape(1, hidden, inter, gated=True)
     layers: list[Any] = []
-    for i in range(n):
-        is_attn = i % int(cfg.get("attn_layer_period", 8)) == int(cfg.get("attn_layer_offset", 4))
-        layers.append(_attention(cfg, 1) if is_attn else mamba)
-        is_moe = i % int(cfg.get("expert_layer_period", 2)) == int(
-            cfg.get("expert_layer_offset", 1)
-        )
-        layers.append(moe if is_moe and experts > 1 else mlp)
+    for is_attn, is_moe in jamba_layout(cfg):
+        layers += [attention_shape(cfg, 1) if is_attn else mamba, moe if is_moe else mlp]
     return _finish(cfg, layers)
 
 
-def _layer_list(cfg: Config, default: list[str]) -> list[str]:
+def layer_kinds(cfg: Config, default: list[str]) -> list[str]:
+    """Per-layer kinds (``ssm``, ``attention``, ``mlp``, ``moe``, ``hybrid``) from
+    ``layers_block_type`` / ``layer_types`` / ``hybrid_override_pattern`` (old and new
+    transformers spellings), else ``default``."""
     kinds = _get(
         cfg, "layers_block_type", "layer_types", "hybrid_override_pattern", default=default
     )
-    return [_kind(k) for k in kinds]  # a pattern string iterates as characters
+    return [layer_kind(k) for k in kinds]  # a pattern string iterates as characters
+
+
+#: Nemotron-H's older ``mamba_*`` spellings -> transformers' names (``NemotronHConfig``, which
+#: lets the old spelling win when present, as here)
+_NEMOTRON_ALIASES = {
+    "mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
+    "mamba_chunk_size": "chunk_size",
+}  # fmt: skip
+#: transformers ``NemotronHConfig`` defaults of the cache-shaping fields
+NEMOTRON_H_DEFAULTS = {
+    "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "conv_kernel": 4,
+    "n_groups": 8, "chunk_size": 128, "head_dim": 128,
+}  # fmt: skip
+
+
+def nemotron_h_fields(cfg: Config) -> Config:
+    """``cfg`` with the Nemotron-H fields under transformers' names, defaults filled in."""
+    renamed = {new: cfg[old] for old, new in _NEMOTRON_ALIASES.items() if old in cfg}
+    return NEMOTRON_H_DEFAULTS | cfg | renamed
+
+
+def nemotron_h_mamba(cfg: Config) -> SSMShape:
+    """Nemotron-H's Mamba-2 mixer (``cfg`` from ``nemotron_h_fields``)."""
+    d_inner = int(cfg["mamba_num_heads"]) * int(cfg["mamba_head_dim"])
+    keys = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "conv_kernel", "n_groups")
+    return _mamba2(cfg, 1, d_inner, keys, *(NEMOTRON_H_DEFAULTS[k] for k in keys))
 
 
 @_register("NemotronHForCausalLM", "nemotron_h")
 def parse_nemotron_h(cfg: Config) -> ParsedConfig:
     """Nemotron-H: one mixer per layer from the pattern (M=Mamba-2, *=attention, -=MLP, E=MoE)."""
+    cfg = nemotron_h_fields(cfg)
     hidden = int(cfg["hidden_size"])
-    aliases = {"conv_kernel": "mamba_d_conv", "n_groups": "mamba_n_groups"}  # older configs
-    cfg = {new: cfg[old] for new, old in aliases.items() if old in cfg} | cfg
-    d_inner = int(cfg.get("mamba_num_heads", 128)) * int(cfg.get("mamba_head_dim", 64))
-    keys = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "conv_kernel", "n_groups")
-    mamba = _mamba2(cfg, 1, d_inner, keys, 128, 64, 128, 4, 8)
+    mamba = nemotron_h_mamba(cfg)
     shared = int(cfg.get("moe_shared_expert_intermediate_size", 7688))
     moe = MoEShape(
         1,
@@ -202,17 +242,19 @@ def parse_nemotron_h(cfg: Config) -> ParsedConfig:
     )
     by_kind = {
         "ssm": mamba,
-        "attention": _attention(cfg, 1),
+        "attention": attention_shape(cfg, 1, head_dim=NEMOTRON_H_DEFAULTS["head_dim"]),
         "mlp": MLPShape(1, hidden, int(cfg.get("intermediate_size", 21504)), gated=False),
         "moe": moe,
     }
     default = ["ssm", "moe", "attention", "mlp"]
-    layers = [by_kind[k] for k in _layer_list(cfg, default)]
+    layers = [by_kind[k] for k in layer_kinds(cfg, default)]
     return _finish(cfg, layers)
 
 
-def _mamba2_prefixed(cfg: Config, d_inner: int, count: int = 1) -> SSMShape:
-    """Mamba-2 mixer from Bamba / Granite / Falcon-H1 style ``mamba_*`` fields."""
+def prefixed_mamba2(cfg: Config, d_inner: int | None = None, count: int = 1) -> SSMShape:
+    """Mamba-2 mixer from Bamba / Granite / Falcon-H1 style ``mamba_*`` fields; ``d_inner``
+    defaults to ``mamba_expand * hidden_size``."""
+    d_inner = d_inner or int(cfg.get("mamba_expand", 2)) * int(cfg["hidden_size"])
     keys = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_d_conv", "mamba_n_groups")
     return _mamba2(cfg, count, d_inner, keys, 128, "auto", 256, 4, 1)
 
@@ -222,9 +264,9 @@ def parse_bamba(cfg: Config) -> ParsedConfig:
     """Bamba: attention at ``attn_layer_indices``, Mamba-2 elsewhere; gated MLP in every layer."""
     n, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
     attn_ids = set(cfg.get("attn_layer_indices") or [])
-    mamba = _mamba2_prefixed(cfg, int(cfg.get("mamba_expand", 2)) * hidden)
+    mamba = prefixed_mamba2(cfg)
     mlp = MLPShape(n, hidden, int(cfg["intermediate_size"]), gated=True)
-    mixers = [_attention(cfg, 1) if i in attn_ids else mamba for i in range(n)]
+    mixers = [attention_shape(cfg, 1) if i in attn_ids else mamba for i in range(n)]
     return _finish(cfg, [*mixers, mlp])
 
 
@@ -232,9 +274,9 @@ def parse_bamba(cfg: Config) -> ParsedConfig:
 def parse_granite_hybrid(cfg: Config) -> ParsedConfig:
     """Granite-4.0-hybrid: ``layer_types`` mixers; every layer MoE (if experts) + shared MLP."""
     n, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-    mamba = _mamba2_prefixed(cfg, int(cfg.get("mamba_expand", 2)) * hidden)
-    kinds = _layer_list(cfg, ["ssm"] * n)
-    mixers = [_attention(cfg, 1) if k == "attention" else mamba for k in kinds]
+    mamba = prefixed_mamba2(cfg)
+    kinds = layer_kinds(cfg, ["ssm"] * n)
+    mixers = [attention_shape(cfg, 1) if k == "attention" else mamba for k in kinds]
     shared = int(cfg.get("shared_intermediate_size", 1024))
     experts = int(cfg.get("num_local_experts") or 0)
     ffn: Any = MLPShape(len(kinds), hidden, shared, gated=True)
@@ -257,8 +299,8 @@ def parse_falcon_h1(cfg: Config) -> ParsedConfig:
     n, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
     d_inner = cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand", 2)) * hidden
     layers = [
-        _attention(cfg, n),
-        _mamba2_prefixed(cfg, int(d_inner), count=n),
+        attention_shape(cfg, n),
+        prefixed_mamba2(cfg, int(d_inner), count=n),
         MLPShape(n, hidden, int(cfg["intermediate_size"]), gated=True),
     ]
     return _finish(cfg, layers)
@@ -280,7 +322,7 @@ def parse_zamba2(cfg: Config) -> ParsedConfig:
     default = ["ssm"] + (["ssm"] * 5 + ["hybrid"]) * 7 + ["ssm"] * 4 + ["hybrid"] + ["ssm"] * 3
     default += ["hybrid"] + ["ssm"] * 2
     layers: list[Any] = []
-    for kind in _layer_list(cfg, default):
+    for kind in layer_kinds(cfg, default):
         if kind == "hybrid":
             layers += [attn, mlp, LinearShape(1, hidden, hidden)]
         layers.append(mamba)

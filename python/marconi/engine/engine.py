@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from marconi.cache.cost import cost_model_from_hf_config
 from marconi.cache.lease import Leases, NoReuse
@@ -29,15 +28,13 @@ from marconi.engine.runner import ModelRunner
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
 from marconi.engine.scheduler import Scheduler
 from marconi.models.loader import load_model, resolve_model_path
-from marconi.models.memory import HybridMemory
+from marconi.models.memory import HybridMemory, torch_dtype
 from marconi.models.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from marconi.cache.node import SizeInfo
 
 log = logging.getLogger("marconi.engine")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class RequestError(ValueError):
@@ -88,7 +85,7 @@ class Engine:
         self.config = config
         path = resolve_model_path(config.model)
         self.model_path = path
-        self.model = load_model(path, _DTYPES[config.dtype], config.device)
+        self.model = load_model(path, torch_dtype(config.dtype), config.device)
         self.tokenizer = load_tokenizer(path)
         hf = self.model.config.hf
         self.context_length = config.context_length or int(
@@ -113,13 +110,11 @@ class Engine:
         self.generated_tokens = self.steps = 0
 
     def _build_cache(self, hf: dict) -> tuple[PrefixCache, HybridMemory]:
-        """A cache whose byte accounting is the real tensors' and a memory with exactly as many
-        KV and state slots as the cache's pools."""
-        probe = self.model.allocate_memory(1, 1)
-        cost = dataclasses.replace(
-            cost_model_from_hf_config(hf, name=self.model_path.name),
-            kv_bytes_per_token=probe.kv_bytes_per_slot,
-            state_bytes=probe.state_bytes_per_slot,
+        """A cache whose byte accounting is the layer specs' in the served dtypes, and a memory
+        with exactly as many KV and state slots as the cache's pools (and the same bytes)."""
+        dtypes = self.model.cache_dtypes()
+        cost = cost_model_from_hf_config(
+            hf, name=self.model_path.name, dtype=dtypes.kv, ssm_state_dtype=dtypes.ssm
         )
         setup = self.setup
         cache_cfg = preset_config(setup.preset, alpha=setup.alpha)
@@ -127,7 +122,10 @@ class Engine:
         kv, st = cache.pools.kv, cache.pools.state
         if kv is None or st is None:
             raise NotImplementedError("the engine serves hybrid models (attention + SSM) only")
-        memory = self.model.allocate_memory(kv.num_slots * kv.page_size, st.num_slots)
+        memory = self.model.allocate_memory(kv.num_slots * kv.page_size, st.num_slots, dtypes)
+        counted = (cost.kv_bytes_per_token, cost.state_bytes)
+        if (memory.kv_bytes_per_slot, memory.state_bytes_per_slot) != counted:
+            raise AssertionError(f"layer specs {counted} != allocated {memory.spec}")
         return cache, memory
 
     def _build_tuner(self) -> AlphaTuner | None:

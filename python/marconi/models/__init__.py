@@ -10,7 +10,7 @@ Typical use::
 from __future__ import annotations
 
 from marconi.models.batch import ForwardBatch, ForwardOutput, SequenceInput
-from marconi.models.config import HybridConfig, MemorySpec, SublayerSpec
+from marconi.models.config import HybridConfig, SublayerSpec
 from marconi.models.hybrid import HybridForCausalLM
 from marconi.models.jamba import JambaForCausalLM
 from marconi.models.loader import ModelLoadError, load_model, resolve_model_path
@@ -31,7 +31,6 @@ __all__ = [
     "HybridMemory",
     "JambaForCausalLM",
     "Mamba2HybridForCausalLM",
-    "MemorySpec",
     "ModelLoadError",
     "SequenceInput",
     "StateSnapshot",

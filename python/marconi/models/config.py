@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from marconi.cache.spec import ModelCacheSpec
+
 #: Sublayer kinds. A sublayer is `h = h + residual_multiplier * mixer(norm(h))`.
 SSM_KINDS = ("mamba2", "mamba1")
 KINDS = (*SSM_KINDS, "attention", "mlp", "moe")
@@ -23,17 +25,6 @@ class SublayerSpec:
 
 
 @dataclass(frozen=True)
-class MemorySpec:
-    """Per-slot tensor shapes a HybridMemory must hold for a model."""
-
-    num_attention_layers: int
-    kv_shape: tuple[int, ...]  # (kv_heads, head_dim)
-    num_ssm_layers: int
-    conv_shape: tuple[int, ...]  # (K-1, conv_dim)
-    ssm_shape: tuple[int, ...]  # (heads, head_dim, d_state) or (d_inner, d_state)
-
-
-@dataclass(frozen=True)
 class HybridConfig:
     """Everything our runtime needs to build and run a model; `hf` keeps the raw config."""
 
@@ -49,27 +40,8 @@ class HybridConfig:
     eos_token_id: int | None = None
     bos_token_id: int | None = None
     hf: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
-
-    @property
-    def memory_spec(self) -> MemorySpec:
-        """Shapes of one KV slot (per attention layer) and one state slot (per SSM layer)."""
-        attn = [s.kwargs for s in self.sublayers if s.kind == "attention"]
-        ssm = [s for s in self.sublayers if s.kind in SSM_KINDS]
-        kv = {(a["num_kv_heads"], a["head_dim"]) for a in attn}
-        shapes = {_ssm_shapes(s) for s in ssm}
-        if len(kv) > 1 or len(shapes) > 1:
-            raise ValueError("layers of one kind must share state shapes")
-        conv, state = shapes.pop() if shapes else ((0, 0), (0,))
-        return MemorySpec(len(attn), kv.pop() if kv else (0, 0), len(ssm), conv, state)
-
-
-def _ssm_shapes(s: SublayerSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    a = s.kwargs
-    if s.kind == "mamba2":
-        inner = a["num_heads"] * a["head_dim"]
-        conv_dim = inner + 2 * a["n_groups"] * a["d_state"]
-        return (a["d_conv"] - 1, conv_dim), (a["num_heads"], a["head_dim"], a["d_state"])
-    return (a["d_conv"] - 1, a["d_inner"]), (a["d_inner"], a["d_state"])
+    #: the cache layer specs, from the same config parser as the cost model's
+    cache_spec: ModelCacheSpec = field(default=ModelCacheSpec((), ()), repr=False)
 
 
 def spec(kind: str, **kwargs: Any) -> SublayerSpec:

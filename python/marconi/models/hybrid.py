@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from marconi.cache.spec import CacheDtypes
 from marconi.layers import (
     MLP,
     Mamba1Mixer,
@@ -22,7 +23,7 @@ from marconi.layers.attention import RotaryEmbedding
 from marconi.layers.linear import Linear
 from marconi.models.batch import ForwardBatch, ForwardOutput
 from marconi.models.config import SSM_KINDS, HybridConfig, SublayerSpec
-from marconi.models.memory import HybridMemory
+from marconi.models.memory import HybridMemory, dtype_name
 
 #: (compiled full-match pattern, template). Templates are formatted with the match's named
 #: groups plus m = 2i, f = 2i + 1, n = i for a group named `i` (HF layer index).
@@ -137,12 +138,19 @@ class HybridForCausalLM(nn.Module):
         return out, unmatched
 
     # ---- runtime --------------------------------------------------------------------------
+    def cache_dtypes(self) -> CacheDtypes:
+        """The dtypes its cache is served in: KV and conv state in the weights' dtype, SSM state
+        in fp32 (the scans' accumulation dtype)."""
+        return CacheDtypes(dtype_name(self.embed.weight.dtype), "float32")
+
     def allocate_memory(
-        self, num_kv_slots: int, num_state_slots: int, dtype: torch.dtype | None = None
+        self, num_kv_slots: int, num_state_slots: int, dtypes: CacheDtypes | None = None
     ) -> HybridMemory:
-        """A HybridMemory for this model on its device (dtype defaults to the model's)."""
-        p = self.embed.weight
-        return HybridMemory(self.config, num_kv_slots, num_state_slots, dtype or p.dtype, p.device)
+        """A HybridMemory for this model on its device (``cache_dtypes()`` unless given)."""
+        dtypes = dtypes or self.cache_dtypes()
+        return HybridMemory(
+            self.config, num_kv_slots, num_state_slots, dtypes, self.embed.weight.device
+        )
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, memory: HybridMemory) -> ForwardOutput:  # type: ignore[override]

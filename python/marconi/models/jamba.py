@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
+from marconi.cache.hf_config import attention_shape, jamba_layout, jamba_mamba
 from marconi.models.config import HybridConfig, SublayerSpec, spec
 from marconi.models.hybrid import HybridForCausalLM, WeightRule, rules
 from marconi.models.mamba2_hybrid import BAMBA_RULES, _attention, _config
@@ -33,15 +33,15 @@ class JambaForCausalLM(HybridForCausalLM):
     def parse_config(cls, hf: dict[str, Any]) -> HybridConfig:
         hidden = hf["hidden_size"]
         eps = hf.get("rms_norm_eps", 1e-6)
-        rank = hf.get("mamba_dt_rank", "auto")
         act = hf.get("hidden_act", "silu")
+        shape = jamba_mamba(hf)  # dimensions from the one config parser
         mamba = spec(
             "mamba1",
             hidden=hidden,
-            d_inner=hf.get("mamba_expand", 2) * hidden,
-            d_state=hf.get("mamba_d_state", 16),
-            d_conv=hf.get("mamba_d_conv", 4),
-            dt_rank=math.ceil(hidden / 16) if rank == "auto" else rank,
+            d_inner=shape.d_inner,
+            d_state=shape.d_state,
+            d_conv=shape.d_conv,
+            dt_rank=shape.dt_rank,
             eps=eps,
             conv_bias=bool(hf.get("mamba_conv_bias", True)),
             proj_bias=bool(hf.get("mamba_proj_bias", False)),
@@ -49,17 +49,14 @@ class JambaForCausalLM(HybridForCausalLM):
         )
         inter = hf.get("intermediate_size", 14336)
         mlp = spec("mlp", hidden=hidden, intermediate=inter, act=act, gated=True)
-        experts = hf.get("num_experts", 16)
         moe = spec(
-            "moe", hidden=hidden, intermediate=inter, num_experts=experts,
+            "moe", hidden=hidden, intermediate=inter, num_experts=hf.get("num_experts", 16),
             top_k=hf.get("num_experts_per_tok", 2), act=act, gated=True, router="softmax_topk",
         )  # fmt: skip
-        a_per, a_off = hf.get("attn_layer_period", 8), hf.get("attn_layer_offset", 4)
-        e_per, e_off = hf.get("expert_layer_period", 2), hf.get("expert_layer_offset", 1)
+        attn = _attention(attention_shape(hf), hf)
         subs: list[SublayerSpec] = []
-        for i in range(hf["num_hidden_layers"]):
-            subs.append(_attention(hf) if i % a_per == a_off else mamba)
-            subs.append(moe if experts > 1 and i % e_per == e_off else mlp)
+        for is_attn, is_moe in jamba_layout(hf):
+            subs += [attn if is_attn else mamba, moe if is_moe else mlp]
         return _config("JambaForCausalLM", hf, eps, subs)
 
     @classmethod

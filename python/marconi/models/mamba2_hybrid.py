@@ -8,42 +8,44 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from marconi.cache.hf_config import (
+    NEMOTRON_H_DEFAULTS,
+    attention_shape,
+    layer_kinds,
+    nemotron_h_fields,
+    nemotron_h_mamba,
+    prefixed_mamba2,
+)
+from marconi.cache.shapes import AttentionShape, SSMShape
+from marconi.cache.spec import cache_spec_from_hf
 from marconi.models.config import HybridConfig, SublayerSpec, hf_float, rope_theta, spec
 from marconi.models.hybrid import HybridForCausalLM, WeightRule, rules
 
-_LEGACY = {"mamba": "linear_attention", "attention": "full_attention", "M": "linear_attention"}
-_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
-
-def _layer_types(hf: dict[str, Any], key: str = "layer_types") -> list[str]:
-    types = hf.get(key) or hf.get("layers_block_type") or hf.get("layer_types")
-    if not types and hf.get("hybrid_override_pattern"):
-        types = [_PATTERN[c] for c in hf["hybrid_override_pattern"]]
-    if not types:
+def _layer_types(hf: dict[str, Any]) -> list[str]:
+    """Per-layer kinds (``ssm``/``attention``/``mlp``/``moe``) from the one config parser."""
+    kinds = layer_kinds(hf, [])
+    if not kinds:
         raise ValueError("config has no layer types (layer_types / hybrid_override_pattern)")
-    return [_LEGACY.get(t, t) for t in types]
+    return kinds
 
 
-def _mamba2(hf: dict[str, Any], eps: float, **names: str) -> SublayerSpec:
-    """Mamba-2 spec from HF fields (`names` renames fields for Nemotron-H)."""
+def _mamba2(shape: SSMShape, hf: dict[str, Any], eps: float, **names: str) -> SublayerSpec:
+    """Mamba-2 spec: dimensions from the config parser's ``shape``, runtime-only fields (chunk
+    size, biases, dt limit, activation) from ``hf`` (``names`` renames them for Nemotron-H)."""
 
     def get(field: str, default: Any) -> Any:
         return hf.get(names.get(field, field), default)
 
-    hidden = hf["hidden_size"]
-    heads = get("mamba_n_heads", 128)
-    head_dim = get("mamba_d_head", "auto")
-    if head_dim == "auto":
-        head_dim = hf.get("mamba_expand", 2) * hidden // heads
     limit = get("time_step_limit", (0.0, float("inf")))
     return spec(
         "mamba2",
-        hidden=hidden,
-        num_heads=heads,
-        head_dim=head_dim,
-        n_groups=get("mamba_n_groups", 1),
-        d_state=get("mamba_d_state", 256),
-        d_conv=get("mamba_d_conv", 4),
+        hidden=shape.in_dim,
+        num_heads=shape.num_heads,
+        head_dim=shape.head_dim,
+        n_groups=shape.n_groups,
+        d_state=shape.d_state,
+        d_conv=shape.d_conv,
         chunk_size=get("mamba_chunk_size", 256),
         eps=eps,
         conv_bias=bool(get("mamba_conv_bias", True)),
@@ -53,14 +55,13 @@ def _mamba2(hf: dict[str, Any], eps: float, **names: str) -> SublayerSpec:
     )
 
 
-def _attention(hf: dict[str, Any], **extra: Any) -> SublayerSpec:
-    heads = hf["num_attention_heads"]
+def _attention(shape: AttentionShape, hf: dict[str, Any], **extra: Any) -> SublayerSpec:
     return spec(
         "attention",
-        hidden=hf["hidden_size"],
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        hidden=shape.out_dim,
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
         bias=bool(hf.get("attention_bias", False)),
         **extra,
     )
@@ -71,38 +72,25 @@ def _nemotron_h(hf: dict[str, Any]) -> HybridConfig:
     hidden = hf["hidden_size"]
     if hf.get("moe_latent_size") is not None:
         raise ValueError("Nemotron-H with moe_latent_size is not supported")
-    nm = {
-        "mamba_n_heads": "mamba_num_heads",
-        "mamba_d_head": "mamba_head_dim",
-        "mamba_n_groups": "n_groups",
-        "mamba_d_state": "ssm_state_size",
-        "mamba_d_conv": "conv_kernel",
+    nm = {  # runtime-only fields under Nemotron-H's names
         "mamba_chunk_size": "chunk_size",
         "mamba_conv_bias": "use_conv_bias",
         "mamba_proj_bias": "use_bias",
         "hidden_act": "mamba_hidden_act",
         "time_step_limit": "_nemotron_dt_limit",
     }
+    fields = nemotron_h_fields(hf)
     # transformers clamps dt at (time_step_min, inf) in Nemotron-H, whatever time_step_limit says
-    hf2 = {**hf, "_nemotron_dt_limit": (hf.get("time_step_min", 0.001), float("inf"))}
-    for legacy, field in (("mamba_d_conv", "conv_kernel"), ("mamba_chunk_size", "chunk_size")):
-        if legacy in hf and field not in hf:
-            hf2[field] = hf[legacy]
-    hf2.setdefault("n_groups", 8)
-    hf2.setdefault("conv_kernel", 4)
-    hf2.setdefault("chunk_size", 128)
-    hf2.setdefault("ssm_state_size", 128)
-    hf2.setdefault("mamba_num_heads", 128)
-    hf2.setdefault("mamba_head_dim", 64)
+    fields["_nemotron_dt_limit"] = (hf.get("time_step_min", 0.001), float("inf"))
+    mamba = _mamba2(nemotron_h_mamba(fields), fields, eps, **nm)
+    attn = attention_shape(fields, head_dim=NEMOTRON_H_DEFAULTS["head_dim"])
     act = hf.get("mlp_hidden_act", "relu2")
     subs: list[SublayerSpec] = []
-    for t in _layer_types(hf, "layers_block_type"):
-        if t == "linear_attention":
-            subs.append(_mamba2(hf2, eps, **nm))
-        elif t == "full_attention":
-            subs.append(
-                _attention({**hf, "attention_bias": False, "head_dim": hf.get("head_dim", 128)})
-            )
+    for t in _layer_types(hf):
+        if t == "ssm":
+            subs.append(mamba)
+        elif t == "attention":
+            subs.append(_attention(attn, {}))  # Nemotron-H attention has no bias
         elif t == "mlp":
             subs.append(
                 spec("mlp", hidden=hidden, intermediate=hf.get("intermediate_size", 21504),
@@ -143,6 +131,7 @@ def _config(
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
         bos_token_id=hf.get("bos_token_id"),
         hf=hf,
+        cache_spec=cache_spec_from_hf(hf),
         **kw,
     )
 
@@ -164,10 +153,10 @@ def _granite(hf: dict[str, Any]) -> HybridConfig:
         )  # fmt: skip
     else:
         ffn = spec("mlp", hidden=hidden, intermediate=shared, act=act, gated=True)
+    mamba, attn = _mamba2(prefixed_mamba2(hf), hf, eps), _attention(attention_shape(hf), hf, **rope)
     subs: list[SublayerSpec] = []
     for t in _layer_types(hf):
-        subs.append(_mamba2(hf, eps) if t == "linear_attention" else _attention(hf, **rope))
-        subs.append(ffn)
+        subs += [mamba if t == "ssm" else attn, ffn]
     return _config(
         "GraniteMoeHybridForCausalLM",
         hf,
@@ -191,10 +180,10 @@ def _bamba(hf: dict[str, Any]) -> HybridConfig:
         "mlp", hidden=hf["hidden_size"], intermediate=hf.get("intermediate_size", 14336),
         act=hf.get("hidden_act", "silu"), gated=True, bias=bool(hf.get("mlp_bias", False)),
     )  # fmt: skip
+    mamba, attn = _mamba2(prefixed_mamba2(hf), hf, eps), _attention(attention_shape(hf), hf, **rope)
     subs: list[SublayerSpec] = []
     for i in range(hf["num_hidden_layers"]):
-        subs.append(_attention(hf, **rope) if i in attn_at else _mamba2(hf, eps))
-        subs.append(mlp)
+        subs += [attn if i in attn_at else mamba, mlp]
     return _config("BambaForCausalLM", hf, eps, subs)
 
 

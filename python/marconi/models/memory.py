@@ -7,7 +7,22 @@ from typing import NamedTuple
 
 import torch
 
-from marconi.models.config import HybridConfig, MemorySpec
+from marconi.cache.spec import CacheDtypes, ModelCacheSpec
+from marconi.models.config import HybridConfig
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a cache dtype name (``float32``, ``bfloat16``, ``float16``)."""
+    key = name.removeprefix("torch.")
+    if key not in _TORCH_DTYPES:
+        raise ValueError(f"unsupported cache dtype {name!r}; known: {sorted(_TORCH_DTYPES)}")
+    return _TORCH_DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class StateSnapshot(NamedTuple):
@@ -23,35 +38,39 @@ def _index(slots: int | Sequence[int] | torch.Tensor, device: torch.device) -> t
 
 class HybridMemory:
     """Owns `k`, `v` [attn_layers, num_kv_slots, kv_heads, head_dim] and `conv`
-    [ssm_layers, num_state_slots, K-1, conv_dim], `ssm` [ssm_layers, num_state_slots, *state].
+    [ssm_layers, num_state_slots, K-1, conv_dim], `ssm` [ssm_layers, num_state_slots, *state],
+    shaped by the model's layer specs (``marconi.cache.spec``) in the given ``CacheDtypes``.
 
     A KV slot holds one token's K/V in every attention layer; a state slot holds one SSM
     checkpoint (conv + ssm state of every SSM layer). Slot ids come from the cache core's pools;
-    this class never allocates or frees ids, it only stores. SSM states default to fp32.
+    this class never allocates or frees ids, it only stores. Its slot sizes are
+    ``spec.kv_bytes_per_token(dtypes)`` and ``spec.state_bytes(dtypes)`` exactly.
     """
 
     def __init__(
         self,
-        config: HybridConfig | MemorySpec,
+        config: HybridConfig | ModelCacheSpec,
         num_kv_slots: int,
         num_state_slots: int,
-        dtype: torch.dtype = torch.float32,
+        dtypes: CacheDtypes | None = None,
         device: torch.device | str = "cpu",
-        state_dtype: torch.dtype = torch.float32,
     ) -> None:
-        spec = config.memory_spec if isinstance(config, HybridConfig) else config
-        self.spec = spec
+        spec = config.cache_spec if isinstance(config, HybridConfig) else config
+        dtypes = dtypes or CacheDtypes("float32")
+        self.spec, self.dtypes = spec, dtypes
         self.device = torch.device(device)
         self.num_kv_slots, self.num_state_slots = num_kv_slots, num_state_slots
-        kv = (spec.num_attention_layers, num_kv_slots, *spec.kv_shape)
+        attn, mamba = spec.uniform()
+        kv = (len(spec.attention), num_kv_slots, *(attn.slot_shape if attn else (0, 0)))
+        dtype, state_dtype = torch_dtype(dtypes.kv), torch_dtype(dtypes.ssm)
         self.k = torch.zeros(kv, dtype=dtype, device=self.device)
         self.v = torch.zeros(kv, dtype=dtype, device=self.device)
-        n = spec.num_ssm_layers
-        self.conv = torch.zeros(
-            n, num_state_slots, *spec.conv_shape, dtype=dtype, device=self.device
-        )
+        n = len(spec.mamba)
+        conv_shape = mamba.conv_shape() if mamba else (0, 0)
+        state_shape = mamba.state_shape if mamba else (0,)
+        self.conv = torch.zeros(n, num_state_slots, *conv_shape, dtype=dtype, device=self.device)
         self.ssm = torch.zeros(
-            n, num_state_slots, *spec.ssm_shape, dtype=state_dtype, device=self.device
+            n, num_state_slots, *state_shape, dtype=state_dtype, device=self.device
         )
 
     @property
@@ -83,7 +102,3 @@ class HybridMemory:
     def read_state(self, slot: int) -> StateSnapshot:
         """A detached copy of state slot `slot` (e.g. for offloading or tests)."""
         return StateSnapshot(self.conv[:, slot].clone(), self.ssm[:, slot].clone())
-
-    def write_state(self, slot: int, snap: StateSnapshot) -> None:
-        self.conv[:, slot].copy_(snap.conv)
-        self.ssm[:, slot].copy_(snap.ssm)

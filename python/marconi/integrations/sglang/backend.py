@@ -19,15 +19,15 @@ controller to delete or tombstones one internal state per step. Not supported wi
 (rejected at construction): HiCache, session radix cache, int8 Mamba checkpoints.
 
 The decisions are made by ``marconi.cache`` classes through ``MarconiPolicy``; the cost model
-comes from the served model's HF config (``cost_model_from_hf_config``), with the state bytes of
-SGLang's own Mamba pool (``cost_model_for``). With
+comes from the served model's HF config through the layer specs (``marconi.cache.spec``), in the
+dtypes of SGLang's own pools (``cost_model_for``). Match rule: SGLang's own, which is our
+last-token rule (``names.SGLANG_MATCH_RULE``; the alpha tuner replays with it). With
 ``--marconi-alpha auto`` (the default) ``BackendAlphaTuner`` (``tuning.py``) is fed every finished
 request (``checkpoint_into_tree`` of a finished request) and moves the policy's alpha.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -42,6 +42,7 @@ from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from marconi.cache.cost import CostModel, cost_model_from_hf_config
+from marconi.cache.spec import CacheDtypes
 from marconi.integrations.sglang.names import ALPHA_ENV, BACKEND_NAME
 from marconi.integrations.sglang.policy import MarconiPolicy
 from marconi.integrations.sglang.tuning import AUTO_ALPHA_START, BackendAlphaTuner
@@ -263,21 +264,43 @@ def pool_state_bytes(ctx: TreeCacheBuildContext) -> tuple[int, int] | None:
     return sum(per_slot(t) for t in cache.conv), per_slot(cache.temporal)
 
 
+def served_dtypes(ctx: TreeCacheBuildContext) -> CacheDtypes | None:
+    """The dtypes SGLang's pools store (KV allocator, Mamba pool's conv and temporal state);
+    None without a Mamba pool (then the HF config's dtypes are used)."""
+    pool = getattr(ctx.params.req_to_token_pool, "mamba_pool", None)
+    if pool is None:
+        return None
+    cache = pool.mamba_cache
+    kv = getattr(ctx.params.token_to_kv_pool_allocator, "dtype", None) or cache.conv[0].dtype
+    return CacheDtypes(
+        str(kv).removeprefix("torch."), str(cache.temporal.dtype).removeprefix("torch.")
+    )
+
+
 def cost_model_for(ctx: TreeCacheBuildContext) -> CostModel:
-    """Cost model of the served model: FLOPs and KV bytes from its HF config (raises ValueError
-    if unsupported), state bytes from SGLang's Mamba pool when there is one (SGLang keeps
-    d_conv - 1 conv columns where the HF-config figure counts transformers' d_conv)."""
+    """Cost model of the served model: FLOPs and the layer specs from its HF config (raises
+    ValueError if unsupported), bytes in the dtypes SGLang's pools store. The specs' state bytes
+    must equal the Mamba pool's (SGLang keeps d_conv - 1 conv columns, as the specs count);
+    a mismatch is logged, and the specs' figure kept."""
     hf_config = ctx.model_config.hf_config
     config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
     name = str(getattr(ctx.model_config, "model_path", config.get("model_type", "served")))
-    cost = cost_model_from_hf_config(config, name=name)
-    pooled = pool_state_bytes(ctx)
-    if pooled is None or not cost.state_bytes:
-        return cost
-    conv, ssm = pooled
-    return dataclasses.replace(
-        cost, state_bytes=conv + ssm, conv_state_bytes=conv, ssm_state_bytes=ssm
+    dtypes = served_dtypes(ctx)
+    cost = cost_model_from_hf_config(
+        config,
+        name=name,
+        dtype=None if dtypes is None else dtypes.kv,
+        ssm_state_dtype=None if dtypes is None else dtypes.ssm,
     )
+    pooled = pool_state_bytes(ctx)
+    if pooled is not None and pooled != (cost.conv_state_bytes, cost.ssm_state_bytes):
+        logger.warning(
+            "marconi: SGLang's Mamba pool holds %s B (conv, ssm) per slot, the layer specs "
+            "count %s B; the eviction scores use the specs'",
+            pooled,
+            (cost.conv_state_bytes, cost.ssm_state_bytes),
+        )
+    return cost
 
 
 def marconi_cache_factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
