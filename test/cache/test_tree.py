@@ -12,7 +12,7 @@ from marconi.cache.prefix_cache import CacheConfig, PrefixCache
 
 def test_empty_cache_matches_nothing(hybrid_cache: PrefixCache) -> None:
     m = hybrid_cache.match(toks(range(10)))
-    assert (m.cached_len, m.usable_len, m.state) == (0, 0, None)
+    assert (m.kv_len, m.usable_len, m.state) == (0, 0, None)
     assert m.node is hybrid_cache.tree.root
     hybrid_cache.check_integrity(deep=True)
 
@@ -28,7 +28,7 @@ def _insert(cache: PrefixCache, tokens: np.ndarray, state_at: tuple[int, ...] = 
 def test_hybrid_hit_stops_at_deepest_state(hybrid_cache: PrefixCache) -> None:
     _insert(hybrid_cache, toks(range(100)), state_at=(40, 100))
     m = hybrid_cache.match(toks(range(70), 999))
-    assert m.cached_len == 70  # KV is there for 70 tokens...
+    assert m.kv_len == 70  # KV is there for 70 tokens...
     assert m.usable_len == 40  # ...but the state exists only at 40
     assert m.node.state is not None and m.state == m.node.state
     assert len(m.kv) == 40
@@ -37,14 +37,14 @@ def test_hybrid_hit_stops_at_deepest_state(hybrid_cache: PrefixCache) -> None:
 def test_hybrid_without_state_is_not_usable(hybrid_cache: PrefixCache) -> None:
     _insert(hybrid_cache, toks(range(50)))
     m = hybrid_cache.match(toks(range(50)))
-    assert (m.cached_len, m.usable_len) == (50, 0)
+    assert (m.kv_len, m.usable_len) == (50, 0)
 
 
 def test_match_never_reports_a_false_prefix(hybrid_cache: PrefixCache) -> None:
     _insert(hybrid_cache, toks(1, 2, 3, 4), state_at=(4,))
-    assert hybrid_cache.match(toks(1, 2, 3, 5)).cached_len == 3
+    assert hybrid_cache.match(toks(1, 2, 3, 5)).kv_len == 3
     assert hybrid_cache.match(toks(1, 2, 3, 5)).usable_len == 0
-    assert hybrid_cache.match(toks(2, 2, 3, 4)).cached_len == 0
+    assert hybrid_cache.match(toks(2, 2, 3, 4)).kv_len == 0
     assert hybrid_cache.match(toks(1, 2)).usable_len == 0
     assert hybrid_cache.match(toks(1, 2, 3, 4, 5)).usable_len == 4
 
@@ -53,7 +53,7 @@ def test_attention_only_hit_can_end_inside_an_edge() -> None:
     cache = make_cache("attention")
     _insert(cache, toks(range(30)))
     m = cache.match(toks(range(12), 77))
-    assert (m.cached_len, m.usable_len, m.state) == (12, 12, None)
+    assert (m.kv_len, m.usable_len, m.state) == (12, 12, None)
     assert np.array_equal(m.kv, cache.match(toks(range(30))).kv[:12])
 
 
@@ -63,7 +63,7 @@ def test_pure_ssm_model_has_no_kv_and_hits_only_at_states() -> None:
     cache.insert(toks(range(20)), None, {10: cache.alloc_state()})
     cache.check_integrity(deep=True)
     m = cache.match(toks(range(20)))
-    assert (m.cached_len, m.usable_len, m.kv) == (20, 10, None)
+    assert (m.kv_len, m.usable_len, m.kv) == (20, 10, None)
 
 
 def test_paged_match_and_insert_stop_at_page_boundaries() -> None:
@@ -74,7 +74,7 @@ def test_paged_match_and_insert_stop_at_page_boundaries() -> None:
     assert cache.tree.kv_slots == 2  # the partial page was freed
     assert cache.stats.states_declined == 1  # position 10 is not page aligned
     m = cache.match(toks(range(7), 99))
-    assert (m.cached_len, m.usable_len) == (4, 0)
+    assert (m.kv_len, m.usable_len) == (4, 0)
     assert cache.match(toks(range(10))).usable_len == 8
 
 
@@ -226,5 +226,9 @@ def test_unknown_policy_names_are_clear_errors() -> None:
         PrefixCache(cost_for("hybrid"), MemoryBudget.shared(10**9), CacheConfig(eviction="mru"))
 
 
-def test_match_result_is_typed(hybrid_cache: PrefixCache) -> None:
-    assert isinstance(hybrid_cache.match(toks(1)), MatchResult)
+def test_match_result_fields_are_exact(hybrid_cache: PrefixCache) -> None:
+    _insert(hybrid_cache, toks(range(10)), state_at=(6,))
+    m = hybrid_cache.match(toks(range(8), 99))
+    assert isinstance(m, MatchResult)
+    assert (m.kv_len, m.usable_len, m.state, m.node.end) == (8, 6, m.node.state, 6)
+    assert m.kv is not None and len(m.kv) == 6  # the KV of the usable prefix only

@@ -97,13 +97,13 @@ class CacheMachine(RuleBasedStateMachine):
         p = self.cache.page_size
         best = max((_common(seq, s) for s in self.inserted), default=0)
         best -= best % p
-        assert m.usable_len <= m.cached_len <= best, "reported a prefix that was never cached"
+        assert m.usable_len <= m.kv_len <= best, "reported a prefix that was never cached"
         if self.kind != "attention" and m.usable_len:
             assert seq[: m.usable_len] in self.state_prefixes, "usable prefix without a state"
         if m.kv is not None:
             assert len(m.kv) == m.usable_len // p
         if self.unlimited:
-            assert m.cached_len == best
+            assert m.kv_len == best
             if self.kind != "attention":
                 deepest = max(
                     (n for n in range(p, len(seq) + 1, p) if seq[:n] in self.state_prefixes),

@@ -94,7 +94,9 @@ def test_marconi_hits_branch_points_and_continuations(engines: dict[str, LLM]) -
     assert res["b", 1][2] == 0
     assert res["c", 1][2] == shared
     assert res["d", 1][2] == shared
-    assert llm.engine.cache.stats.states_admitted > 0
+    # one state after the last decoded token per request (8), plus b's branch point
+    stats = llm.engine.cache.stats
+    assert (stats.states_admitted, stats.states_declined, stats.evicted_states) == (9, 0, 0)
     llm.check_integrity()
 
 
@@ -106,7 +108,10 @@ def test_eviction_under_memory_pressure_keeps_outputs_and_accounting(
     got = small.generate(prompts, GREEDY)
     ref = engines["none"].generate(prompts, GREEDY)
     assert [g.token_ids for g in got] == [r.token_ids for r in ref]
-    assert small.engine.cache.stats.evicted_states > 0
+    cache = small.engine.cache
+    assert cache.stats.evicted_states > 0
+    # every admitted state is in the tree or was evicted, exactly
+    assert cache.stats.states_admitted - cache.stats.evicted_states == cache.tree.state_slots
     small.check_integrity()
 
 
@@ -128,29 +133,47 @@ def test_abort_frees_running_and_waiting_requests(engines: dict[str, LLM]) -> No
     assert not eng.has_unfinished()
 
 
-def test_stop_strings_eos_and_seeded_sampling(engines: dict[str, LLM]) -> None:
-    llm = engines["marconi"]
-    prompt = SYSTEM + user("Count.")
-    free = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))[0]
-    assert free.finish_reason == "length" and len(free.token_ids) == 12
-    # stop string = a piece of the greedy text: the completion ends right before it
-    text = free.text
-    if len(text) >= 3:
-        stop = text[1:3]
-        cut = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, stop=(stop,)))
-        assert cut[0].finish_reason == "stop" and cut[0].text == text[: text.find(stop)]
-    eos = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(free.token_ids[2],))
-    assert (
-        llm.generate([prompt], eos)[0].token_ids
-        == free.token_ids[: free.token_ids.index(free.token_ids[2]) + 1]
-    )
+PROMPT = SYSTEM + user("Count.")
+
+
+@pytest.fixture(scope="module")
+def free_run(engines: dict[str, LLM]):
+    """The greedy 12-token completion of ``PROMPT`` (what the next tests cut short)."""
+    free = engines["marconi"].generate([PROMPT], SamplingParams(max_tokens=12, temperature=0.0))
+    assert free[0].finish_reason == "length" and len(free[0].token_ids) == 12
+    return free[0]
+
+
+def test_stop_string_ends_the_completion_right_before_it(engines: dict[str, LLM], free_run) -> None:
+    text = free_run.text
+    assert len(text) >= 3  # the tiny model's greedy text is long enough to cut
+    stop = text[1:3]
+    cut = engines["marconi"].generate(
+        [PROMPT], SamplingParams(max_tokens=12, temperature=0, stop=(stop,))
+    )[0]
+    assert cut.finish_reason == "stop" and cut.text == text[: text.find(stop)]
+
+
+def test_stop_token_id_ends_the_completion_on_it(engines: dict[str, LLM], free_run) -> None:
+    tok = free_run.token_ids[2]
+    eos = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(tok,))
+    out = engines["marconi"].generate([PROMPT], eos)[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == free_run.token_ids[: free_run.token_ids.index(tok) + 1]
+
+
+def test_seeded_sampling_is_reproducible(engines: dict[str, LLM]) -> None:
     seeded = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=7)
-    a, b = llm.generate([prompt, prompt], seeded)
-    assert a.token_ids == b.token_ids
+    a, b = engines["marconi"].generate([PROMPT, PROMPT], seeded)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 8
+
+
+def test_logit_bias_bans_tokens(engines: dict[str, LLM]) -> None:
     banned = SamplingParams(
         max_tokens=8, temperature=1.0, logit_bias=tuple((t, -100.0) for t in range(128, 260))
     )
-    assert all(t < 128 for t in llm.generate([prompt], banned)[0].token_ids)
+    out = engines["marconi"].generate([PROMPT], banned)[0]
+    assert len(out.token_ids) == 8 and all(t < 128 for t in out.token_ids)
 
 
 def test_invalid_requests_are_rejected_before_queueing(engines: dict[str, LLM]) -> None:

@@ -61,10 +61,6 @@ class Node:
         """Prefix length at the end of this node's edge."""
         return self.start + len(self.key)
 
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
     def __repr__(self) -> str:
         st = "" if self.state is None else f" state={self.state}"
         return f"Node(#{self.id} [{self.start},{self.end}){st} ref={self.ref} lock={self.lock})"
@@ -73,15 +69,15 @@ class Node:
 class MatchResult(NamedTuple):
     """What the cache holds for a prefix of the input.
 
-    ``cached_len``: longest prefix whose KV is cached (may end inside an edge).
+    ``kv_len``: longest prefix whose KV is cached (may end inside an edge).
     ``usable_len``: longest prefix a request can resume from (for a model with SSM layers, the
-    end of the deepest matched node holding a state; for attention-only, ``cached_len``).
+    end of the deepest matched node holding a state; for attention-only, ``kv_len``).
     ``node``: the handle to lock while the request uses the prefix (covers ``usable_len``).
     ``kv``: KV slots of ``[0, usable_len)`` (pages when paged), or None without a KV pool.
     ``state``: the state slot at ``usable_len``, or None (fresh start / attention-only).
     """
 
-    cached_len: int
+    kv_len: int
     usable_len: int
     node: Node
     kv: np.ndarray | None
@@ -107,10 +103,6 @@ class EvictResult(NamedTuple):
     states_freed: int
     nodes_removed: int
     fits: bool
-
-    @property
-    def any(self) -> bool:
-        return bool(self.kv_slots_freed or self.states_freed)
 
 
 class SizeInfo(NamedTuple):

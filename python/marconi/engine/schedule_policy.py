@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 
 class SchedulePolicy(ABC):
     """Contract: ``order`` returns a permutation of ``waiting`` (or None: keep the queue's
-    order); ``cached_len(req)`` is read-only (it changes no cache state and no LRU order)."""
+    order); ``prefix_len(req)`` is read-only (it changes no cache state and no LRU order)."""
 
     name: ClassVar[str]
 
     @abstractmethod
-    def order(self, waiting: Sequence[Req], cached_len: Callable[[Req], int]) -> list[Req] | None:
+    def order(self, waiting: Sequence[Req], prefix_len: Callable[[Req], int]) -> list[Req] | None:
         """The waiting requests in admission order."""
 
 
@@ -42,7 +42,7 @@ SCHEDULE_POLICIES: Registry[SchedulePolicy] = Registry("schedule policy")
 class FirstComeFirstServed(SchedulePolicy):
     name = "fcfs"
 
-    def order(self, waiting: Sequence[Req], cached_len: Callable[[Req], int]) -> list[Req] | None:
+    def order(self, waiting: Sequence[Req], prefix_len: Callable[[Req], int]) -> list[Req] | None:
         return None
 
 
@@ -57,7 +57,7 @@ class LongestPrefixMatch(SchedulePolicy):
     name = "lpm"
     max_queue: ClassVar[int] = 128
 
-    def order(self, waiting: Sequence[Req], cached_len: Callable[[Req], int]) -> list[Req] | None:
+    def order(self, waiting: Sequence[Req], prefix_len: Callable[[Req], int]) -> list[Req] | None:
         if not 1 < len(waiting) <= self.max_queue:
             return None
-        return sorted(waiting, key=lambda r: -cached_len(r))  # stable: FCFS among equals
+        return sorted(waiting, key=lambda r: -prefix_len(r))  # stable: FCFS among equals

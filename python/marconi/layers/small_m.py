@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from marconi.paths import cache_dir
+
 log = logging.getLogger(__name__)
 
 #: most input rows the kernel takes (its register tile); larger batches use sgemm
@@ -87,8 +89,6 @@ def _kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     if cc is None:
         log.info("no C compiler found: decode linears use torch's sgemm")
         return None
-    from marconi.models.tiny import cache_dir
-
     key = hashlib.sha256(
         b"\0".join([_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_flags().encode()])
     ).hexdigest()[:16]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -21,6 +20,8 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
+from marconi.paths import cache_dir
 
 VOCAB, BOS, EOS, PAD = 260, 256, 257, 258
 _TINY_PATTERN = "M-M-M-*-M-M-M-M-M-M-*-M-M-M-"
@@ -214,11 +215,6 @@ TINY_MODELS: dict[
     "tiny-jamba": (TINY_JAMBA_CONFIG, _tiny_jamba_weights),
     "small": (SMALL_CONFIG, _tiny_weights),
 }
-
-
-def cache_dir() -> Path:
-    """`$MARCONI_CACHE_DIR` or `~/.cache/marconi`."""
-    return Path(os.environ.get("MARCONI_CACHE_DIR") or Path.home() / ".cache" / "marconi")
 
 
 def write_hf_folder(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:

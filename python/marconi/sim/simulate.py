@@ -106,7 +106,7 @@ def shared_prefixes(
     for req in trace:
         lease = leases.replay(req.input_ids, req.fed_ids)
         assert lease is not None
-        kv_len = lease.match.cached_len
+        kv_len = lease.match.kv_len
         lens.append(kv_len - kv_len % page_size)
     return lens, cache
 

@@ -9,7 +9,7 @@ only translates SGLang's view of a request and a node into their inputs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -176,11 +176,6 @@ class MarconiPolicy:
         self.eviction.fit(infos)
         prio = [self.eviction.priority(i) for i in infos]
         return sorted(range(len(infos)), key=lambda i: (prio[i], infos[i].last_access))
-
-    def priorities(self, infos: Iterable[CandidateInfo]) -> list[float]:
-        infos = list(infos)
-        self.eviction.fit(infos)
-        return [self.eviction.priority(i) for i in infos]
 
     def _tick(self) -> None:
         self._events += 1
