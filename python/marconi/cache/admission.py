@@ -27,6 +27,12 @@ def _multiples(step: int, lo: int, hi: int) -> tuple[int, ...]:
     return tuple(range(first, hi + 1, step))
 
 
+def _decode_multiples(step: int, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+    """Multiples of ``step`` past the input among decode steps ``[lo, hi)``: the capture points of
+    the policies that plan ``step``-aligned decode states."""
+    return _multiples(step, max(lo - 1, input_len), hi - 1)
+
+
 def _last_multiple(step: int, lo: int, hi: int) -> tuple[int, ...]:
     """The largest multiple of ``step`` in ``(lo, hi]``, if any."""
     last = hi - hi % step
@@ -95,7 +101,7 @@ class EveryN(AdmissionPolicy):
         return _multiples(self.n, input_len, seq_len)
 
     def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
-        return _multiples(self.n, max(lo - 1, input_len), hi - 1)
+        return _decode_multiples(self.n, input_len, lo, hi)
 
 
 @ADMISSION_POLICIES.register("chunk-aligned")
@@ -117,7 +123,7 @@ class ChunkAligned(AdmissionPolicy):
         return _last_multiple(self.interval, input_len, seq_len)
 
     def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
-        return _multiples(self.interval, max(lo - 1, input_len), hi - 1)
+        return _decode_multiples(self.interval, input_len, lo, hi)
 
 
 @ADMISSION_POLICIES.register("align-junctions")
@@ -142,4 +148,4 @@ class AlignJunctions(AdmissionPolicy):
         return _last_multiple(self.block, input_len, seq_len)
 
     def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
-        return _multiples(self.block, max(lo - 1, input_len), hi - 1)
+        return _decode_multiples(self.block, input_len, lo, hi)

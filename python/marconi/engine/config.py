@@ -113,8 +113,8 @@ class EngineConfig:
         preset = self.prefix_cache if reuse else NO_CACHE_PRESET
         alpha = parse_alpha(self.alpha)
         tune = reuse and alpha is None and get_preset(preset).tune_alpha
-        return CacheSetup(preset, AUTO_ALPHA_FALLBACK if alpha is None else alpha, tune, reuse,
-                          self.cache_bytes)  # fmt: skip
+        start = AUTO_ALPHA_FALLBACK if alpha is None else alpha
+        return CacheSetup(preset, start, tune, reuse, self.cache_bytes)
 
 
 #: the preset whose pools ``--prefix-cache none`` allocates from (it never matches nor inserts)

@@ -224,3 +224,21 @@ def test_a_prompt_equal_to_the_fed_tokens_resumes_from_zero_in_engine_tuner_and_
     steps, _ = run_engine(make_cache(), [first, again], set())
     assert [hit for s in steps for _, hit, _ in s.admitted] == [0, 0]
     assert replay_fed(make_cache(match_rule="full"), items) == 26
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [("marconi", {}), ("every-n", {"n": 4}), ("chunk-aligned", {"interval": 8}),
+     ("align-junctions", {"block": 8})],
+)  # fmt: skip
+def test_closed_form_capture_points_equal_the_definition(name: str, args: dict) -> None:
+    """``capture_points`` overrides == the generic definition (``fed`` is a capture point iff
+    ``fed in decode_positions(input_len, fed + 1)``)."""
+    from marconi.cache.admission import ADMISSION_POLICIES, AdmissionPolicy
+
+    policy = ADMISSION_POLICIES.create(name, **args)
+    for input_len in (0, 3, 8, 13):
+        for lo in range(input_len, input_len + 20):
+            for hi in range(lo, input_len + 30, 3):
+                want = AdmissionPolicy.capture_points(policy, input_len, lo, hi)
+                assert policy.capture_points(input_len, lo, hi) == want, (input_len, lo, hi)
