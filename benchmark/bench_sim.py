@@ -186,6 +186,33 @@ NOTES = """\
   shadow tuner's figure covering the whole replay (it never stops adapting).
 - Full-trace replay: one policy replays all of Mooncake in seconds on one core; the shadow tuner
   multiplies the work by its grid size (6 shadow caches).
+
+### Counting rules (issue 11) and what they moved
+
+Every replay runs the engine's lifecycle (`marconi.cache.lease.Leases`, checked against the
+engine step by step in `test/cache/test_lifecycle.py`): a request resumes from a prefix of its
+input minus the last token (SGLang's and our engine's rule; `--match-rule full` is the paper's,
+it changes none of these tables: in chat and agent traces the next prompt always extends past
+the earlier fed tokens), holds a working state slot while in flight, plans its branch point on
+the tree as matched, and a request that does not fit is served without the cache and counts no
+hit. Bytes come from the layer specs, which count the conv state as runtimes keep it
+(d_conv - 1 columns; paper-7b 51,806,208 B per state instead of 52,297,728; Jamba-1.5-Mini
+16,056,320 instead of 16,515,072). Against the previous run of this file:
+
+- vllm+ fell at low and moderate capacity on SWE (paper-7b 5.72 -> 2.84, 20.47 -> 13.94,
+  52.76 -> 49.94; Jamba 5.39 -> 2.71, 18.02 -> 12.87): the old replayer counted the matched
+  prefix as a hit for requests it then served without the cache. Those are requests whose own
+  pinned path holds vllm+'s every-32 states, which LRU cannot evict from inner nodes, so their
+  KV never fits (161 of 1331 requests at 6.2 GB). Match rule and conv columns change nothing here
+  (measured: 2.84 with either rule and either conv count).
+- SWE capacities moved (19 -> 18, 50 -> 49, 1.8 -> 1.7, 5.3 -> 5.2 GB): they are fractions of a
+  footprint that counts one state per request, now smaller. The Jamba 1.7 GB row is lower than
+  the old 1.8 GB row because of that: at 1.8 GB with the old conv count the new lifecycle gives
+  91.87 with alpha 8, the old figure exactly; at 1.7 GB it gives 89.44.
+- Elsewhere cells moved by at most about 1.5 points, from the smaller states (more fit in the same
+  bytes: sharegpt paper-7b 4.8 GB sglang+ 51.83 -> 51.90, the same with the old conv count) and
+  from the tuners' replays now counting like the live cache (their chosen alphas changed in five
+  high-contention cells).
 """
 
 
