@@ -146,3 +146,7 @@ def register() -> None:
 
     register_jamba_config()
     register_models()
+
+    from marconi.integrations.sglang.cpu_binding import bind_cpu_kernels
+
+    bind_cpu_kernels()
