@@ -124,7 +124,9 @@ class BatchMeta:
 
 
 def _build_plan(meta: BatchMeta, chunk: int) -> SegmentPlan:
-    captures = zip(meta.cap_req.tolist(), meta.cap_off.tolist(), meta.cap_slot.tolist(), strict=True)
+    captures = zip(
+        meta.cap_req.tolist(), meta.cap_off.tolist(), meta.cap_slot.tolist(), strict=True
+    )
     return build_segment_plan(
         meta.prefix_lens, meta.new_lens, chunk, meta.tokens.device, captures=captures
     )

@@ -35,6 +35,10 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "selective_state_update",
     ),
 }
+#: (module, class, attribute) -> the cpu_kernels function installed as a staticmethod there
+METHODS: dict[tuple[str, str, str], str] = {
+    (MAMBA1, "MambaMixer1", "_selective_scan"): "mamba1_selective_scan",
+}
 #: the name SGLang binds on every platform that has Mamba kernels
 PLATFORM_PROBE = "causal_conv1d_fn"
 
@@ -50,7 +54,7 @@ def bind_cpu_kernels() -> bool:
     """Install marconi's CPU kernels into SGLang's Mamba mixers when SGLang has none (idempotent).
 
     Returns whether the CPU kernels are bound. The plugin's entry point calls it in every SGLang
-    process, before any model (and so ``mamba1.py``, which copies the conv names at import) loads."""
+    process, before any model (and so ``mamba1.py``, which copies the conv names) is imported."""
     if sglang_has_mamba_kernels():
         return False
     from marconi.integrations.sglang import cpu_kernels
@@ -59,5 +63,10 @@ def bind_cpu_kernels() -> bool:
         mod = importlib.import_module(module)
         for name in names:
             setattr(mod, name, getattr(cpu_kernels, name.removesuffix("_triton")))
-    logger.info("marconi: SGLang has no Mamba kernels on this platform; bound marconi's CPU kernels")
+    for (module, cls, attr), name in METHODS.items():
+        owner = getattr(importlib.import_module(module), cls)
+        setattr(owner, attr, staticmethod(getattr(cpu_kernels, name)))
+    logger.debug(
+        "marconi: SGLang has no Mamba kernels on this platform; bound marconi's CPU kernels"
+    )
     return True

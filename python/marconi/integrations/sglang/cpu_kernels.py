@@ -5,12 +5,15 @@ as Triton kernels, so its Mamba layers cannot run on a CPU. These functions take
 SGLang's ``MambaMixer2`` (``layers/attention/mamba/mamba.py``) and ``MambaMixer1``
 (``mamba1.py``) pass and compute with marconi's own layers (one implementation of the math):
 
-| SGLang name | computed by |
-|---|---|
-| ``causal_conv1d_fn`` (varlen prefill, initial states, writes the conv states) | ``marconi.layers.conv.causal_conv1d`` |
-| ``causal_conv1d_update`` (decode) | ``marconi.layers.conv.causal_conv1d_step`` |
-| ``mamba_chunk_scan_combined`` (varlen SSD scan, initial and final states) | ``marconi.layers.mamba2.ssd_scan`` over ``build_segment_plan`` |
-| ``selective_state_update`` (decode, Mamba-2 heads and Mamba-1's head_dim-1 layout) | ``marconi.layers.mamba1.selective_step`` |
+- ``causal_conv1d_fn`` (varlen prefill with initial states; writes the conv states):
+  ``marconi.layers.conv.causal_conv1d``;
+- ``causal_conv1d_update`` (decode): ``marconi.layers.conv.causal_conv1d_step``;
+- ``mamba_chunk_scan_combined`` (varlen SSD scan, initial and final states):
+  ``marconi.layers.mamba2.ssd_scan`` over ``build_segment_plan``;
+- ``selective_state_update`` (decode; Mamba-2 heads and Mamba-1's head_dim-1 layout):
+  ``marconi.layers.mamba1.selective_step``;
+- ``MambaMixer1._selective_scan`` (Mamba-1 prefill of one sequence):
+  ``marconi.layers.mamba1.selective_scan`` (blocked discretisation, not a per-token loop).
 
 Layouts are SGLang's: conv states [slots, dim, K-1], SSM states [slots, heads, head_dim, N], conv
 inputs channel-first [dim, tokens]. Everything is computed in fp32 and stored in the pools'
@@ -20,6 +23,7 @@ dtypes. Speculative decoding and tracked states (``extra_buffer``) are not suppo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -27,7 +31,7 @@ import torch.nn.functional as F
 
 from marconi.layers.batch_meta import build_segment_plan
 from marconi.layers.conv import causal_conv1d, causal_conv1d_step
-from marconi.layers.mamba1 import selective_step
+from marconi.layers.mamba1 import selective_scan, selective_step
 from marconi.layers.mamba2 import ssd_scan
 
 PAD_SLOT_ID = -1  # SGLang's marker for padded batch rows (no state to read or write)
@@ -43,7 +47,7 @@ def _activate(x: torch.Tensor, activation: str | bool | None) -> torch.Tensor:
 
 def _seq_bounds(query_start_loc: torch.Tensor) -> list[tuple[int, int]]:
     qsl = query_start_loc.tolist()
-    return list(zip(qsl[:-1], qsl[1:], strict=True))
+    return list(itertools.pairwise(qsl))
 
 
 def causal_conv1d_fn(
@@ -108,11 +112,11 @@ def causal_conv1d_update(
 def mamba_chunk_scan_combined(
     x: torch.Tensor,
     dt: torch.Tensor,
-    A: torch.Tensor,  # noqa: N803 (SGLang's keyword names)
-    B: torch.Tensor,  # noqa: N803
-    C: torch.Tensor,  # noqa: N803
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
     chunk_size: int,
-    D: torch.Tensor | None = None,  # noqa: N803
+    D: torch.Tensor | None = None,
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     initial_states: torch.Tensor | None = None,
@@ -134,7 +138,7 @@ def mamba_chunk_scan_combined(
     Writes y (with the D skip and the optional z gate) into ``out`` [1, T, H, P]; returns the
     per-sequence final states [n, H, P, N] where SGLang asks for "varlen states" (the only
     states ``no_buffer`` caching needs; chunk-boundary states are not materialised)."""
-    if track_end_locs is not None and track_end_locs.numel() > 0 or return_intermediate_states:
+    if (track_end_locs is not None and track_end_locs.numel() > 0) or return_intermediate_states:
         raise NotImplementedError(
             "tracked / intermediate Mamba states (extra_buffer) are not available on CPU; "
             "use --mamba-radix-cache-strategy no_buffer"
@@ -152,11 +156,7 @@ def mamba_chunk_scan_combined(
         dts = dts.clamp(min=lo, max=hi)
     n = len(bounds)
     h, p, dstate = xs.shape[1], xs.shape[2], bs.shape[-1]
-    init = (
-        initial_states.float()
-        if initial_states is not None
-        else xs.new_zeros(n, h, p, dstate)
-    )
+    init = initial_states.float() if initial_states is not None else xs.new_zeros(n, h, p, dstate)
     lens = [e - s for s, e in bounds]
     plan = build_segment_plan([0] * n, lens, chunk_size, x.device)
     y, final, _ = ssd_scan(xs, dts, A.float(), bs, cs, plan, init)
@@ -177,10 +177,10 @@ def selective_state_update(
     state: torch.Tensor,
     x: torch.Tensor,
     dt: torch.Tensor,
-    A: torch.Tensor,  # noqa: N803
-    B: torch.Tensor,  # noqa: N803
-    C: torch.Tensor,  # noqa: N803
-    D: torch.Tensor | None = None,  # noqa: N803
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
@@ -229,6 +229,21 @@ def selective_state_update(
         out = torch.empty_like(x)
     out.copy_(y.to(out.dtype))
     return out
+
+
+def mamba1_selective_scan(
+    *,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    h0: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``MambaMixer1._selective_scan``: x, dt [T, dim]; A [dim, N]; B, C [T, N]; h0 [dim, N] ->
+    (final state [dim, N], y [T, dim]) without the D skip and gate (SGLang adds those)."""
+    y, h, _ = selective_scan(x[None], dt[None], A, B[None], C[None], h0[None])
+    return h[0], y[0]
 
 
 def _reject(unsupported: dict[str, object]) -> None:

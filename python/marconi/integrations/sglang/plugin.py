@@ -138,9 +138,19 @@ def register() -> None:
 
     if BACKEND_NAME not in registered_radix_cache_backends():
         register_radix_cache_backend(BACKEND_NAME, _factory)
-    hooks = HookRegistry._hooks.get(ADD_CLI_ARGS_TARGET, [])
-    if not any(h is _after_add_cli_args for _, h, _ in hooks):
-        HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
+    from marconi.integrations.sglang.branch_split import (
+        ADD_ONE_REQ_TARGET,
+        split_prefill_at_branch,
+    )
+    from marconi.integrations.sglang.cpu_defaults import RESOLVE_TARGET, apply_cpu_defaults
+
+    for target, hook, kind in (
+        (ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER),
+        (RESOLVE_TARGET, apply_cpu_defaults, HookType.BEFORE),
+        (ADD_ONE_REQ_TARGET, split_prefill_at_branch, HookType.AROUND),
+    ):
+        if not any(h is hook for _, h, _ in HookRegistry._hooks.get(target, [])):
+            HookRegistry.register(target, hook, kind)
 
     from marconi.integrations.sglang.jamba_config import register_jamba_config
 
