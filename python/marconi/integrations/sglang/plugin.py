@@ -12,7 +12,12 @@ SGLang calls ``register()`` in every process it starts (launcher, scheduler, det
    default: tuned online; or a fixed float), passed to the scheduler processes through
    ``$SGLANG_MARCONI_ALPHA``;
 3. registers ``JambaForCausalLM`` (``integrations/sglang/models/jamba.py``) with SGLang's model
-   registry and its config (``jamba_config.register_jamba_config``): see ``register_models``.
+   registry and its config (``jamba_config.register_jamba_config``): see ``register_models``;
+4. on a CPU, binds marconi's Mamba kernels into SGLang's mixers (``cpu_binding``) and, through a
+   BEFORE hook on ``ServerArgs.resolve_once``, picks the settings SGLang needs there
+   (``cpu_defaults``);
+5. with the ``marconi`` backend, ends a prefill chunk at the branch point so ``no_buffer`` mode
+   caches its state (an AROUND hook on ``PrefillAdder.add_one_req``: ``branch_split``).
 """
 
 from __future__ import annotations
