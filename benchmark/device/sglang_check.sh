@@ -48,6 +48,11 @@ run() {  # $1 = model folder, $2 = label, rest = extra server flags
     --request-rate "${RATE:-inf}" --max-concurrency "${CONCURRENCY:-4}" --seed 1 \
     --cache-report --disable-tqdm --output-file "$OUT/bench-${label//\//-}.jsonl" \
     >"$OUT/bench-${label//\//-}.txt" 2>&1 || { tail -30 "$OUT/bench-${label//\//-}.txt"; }
+  # marconi's own multi-turn ShareGPT replay (text completions) against the same server
+  "$PY" benchmark/bench_serving.py --base-url "http://127.0.0.1:$PORT" --model "$model" \
+    --trace sharegpt --num-sessions "${REPLAY_SESSIONS:-6}" --max-output-len 16 --ascii-only \
+    --json "$OUT/replay-${label//\//-}.json" >"$OUT/replay-${label//\//-}.txt" 2>&1 \
+    || tail -5 "$OUT/replay-${label//\//-}.txt"
   kill $pid; wait $pid 2>/dev/null || true
   grep -m2 "marconi:" "$log" || true
 }
@@ -64,7 +69,7 @@ for name in $MODELS; do
   fi
 done
 "$PY" - "$OUT" $MODELS <<'PY'
-import json, pathlib, sys
+import json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
 print(f"{'sglang.bench_serving (gsp)':<28}{'TTFT P50':>9}{'TTFT P95':>9}{'ITL P50':>8}{'cached':>8}{'req':>5}")
 for name in sys.argv[2:]:
@@ -74,8 +79,12 @@ for name in sys.argv[2:]:
             print(f"{name}/{cache}: no result")
             continue
         r = json.loads(f.read_text().splitlines()[-1])
+        # the cached-token totals are in bench_serving's printed "Cache Hit Details"
+        text = f.with_suffix(".txt").read_text()
+        tot = {k: int(re.search(rf"Total {k} tokens:\s+(\d+)", text).group(1))
+               for k in ("prompt", "cached")}
         print(f"{name + '/' + cache:<28}{r['median_ttft_ms']:>9.0f}{r['p95_ttft_ms']:>9.0f}"
-              f"{r['median_itl_ms']:>8.0f}{r['cache_hit_rate_pct'] / 100:>8.3f}{r['completed']:>5}")
+              f"{r['median_itl_ms']:>8.0f}{tot['cached'] / tot['prompt']:>8.3f}{r['completed']:>5}")
 print(f"\n{'bench_serving.py (sharegpt)':<28}{'TTFT P50':>9}{'TTFT P95':>9}{'ITL P50':>8}{'cached':>8}{'req':>5}")
 for f in sorted(out.glob("replay-*.json")):
     for r in json.loads(f.read_text())["results"].values():
