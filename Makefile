@@ -49,9 +49,15 @@ SGL_PY    := $(SGL_VENV)/bin/python
 SGL_STAMP := $(SGL_VENV)/.installed
 SGLANG    ?= sglang==0.5.23
 SGL_TORCH ?= torch==2.14.1 torchvision==0.29.1
+# What `sglang.launch_server` (HTTP server, scheduler, detokenizer, grammar backend) and
+# `sglang.bench_serving` import on CPU, beyond the cache modules (issue 9; from import tracebacks).
+SGL_SERVE_DEPS := uvloop fastapi "uvicorn>=0.51" python-multipart setproctitle interegular \
+	xxhash zstandard watchfiles distro "blobfile==3.0.0" tiktoken scipy jsonschema \
+	"xgrammar==0.2.7" "soundfile==0.13.1" "prometheus-client>=0.20.0" "tokenizers==0.23.2" datasets
 SGL_DEPS  := orjson psutil pybase64 requests pillow starlette msgspec pydantic pyzmq aiohttp \
 	IPython dill einops gguf partial-json-parser triton "transformers==5.19.0" "openai==2.8.0" \
-	"apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0"
+	"apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" "compressed-tensors==0.18.0" \
+	$(SGL_SERVE_DEPS)
 
 .PHONY: install-sglang test-sglang
 

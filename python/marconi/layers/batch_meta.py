@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
@@ -124,15 +124,30 @@ class BatchMeta:
 
 
 def _build_plan(meta: BatchMeta, chunk: int) -> SegmentPlan:
-    caps: dict[int, list[tuple[int, int]]] = {}
-    for r, off, slot in zip(
+    captures = zip(
         meta.cap_req.tolist(), meta.cap_off.tolist(), meta.cap_slot.tolist(), strict=True
-    ):
+    )
+    return build_segment_plan(
+        meta.prefix_lens, meta.new_lens, chunk, meta.tokens.device, captures=captures
+    )
+
+
+def build_segment_plan(
+    prefix_lens: Sequence[int],
+    new_lens: Sequence[int],
+    chunk: int,
+    device: torch.device,
+    captures: Iterable[tuple[int, int, int]] = (),
+) -> SegmentPlan:
+    """The SegmentPlan of requests with `prefix_lens` cached and `new_lens` new tokens packed in
+    request order; `captures` are (request, offset among its new tokens, slot) triples."""
+    caps: dict[int, list[tuple[int, int]]] = {}
+    for r, off, slot in captures:
         caps.setdefault(r, []).append((off, slot))
     segs: list[list[tuple[int, int]]] = []  # per request: (start offset, length)
     cap_seg: dict[int, list[tuple[int, int]]] = {}
     init_caps: list[tuple[int, int]] = []
-    for r, (pre, n) in enumerate(zip(meta.prefix_lens, meta.new_lens, strict=True)):
+    for r, (pre, n) in enumerate(zip(prefix_lens, new_lens, strict=True)):
         cuts = set(range((pre // chunk + 1) * chunk, pre + n, chunk))
         cuts.add(pre + n)
         for off, _ in caps.get(r, []):
@@ -147,10 +162,10 @@ def _build_plan(meta: BatchMeta, chunk: int) -> SegmentPlan:
                 init_caps.append((r, slot))
             else:
                 cap_seg.setdefault(end_to_seg[off], []).append((r, slot))
-    b, s_max, t = meta.num_reqs, max(len(s) for s in segs), meta.num_tokens
-    dev = meta.tokens.device
+    b, s_max, t = len(new_lens), max(len(s) for s in segs), sum(new_lens)
+    dev = device
     index = torch.full((b, s_max, chunk), t, dtype=torch.long)
-    starts_tok = [0, *torch.tensor(meta.new_lens).cumsum(0).tolist()]
+    starts_tok = [0, *torch.tensor(new_lens).cumsum(0).tolist()]
     ar = torch.arange(chunk)
     for r, rsegs in enumerate(segs):
         for k, (off, ln) in enumerate(rsegs):

@@ -60,6 +60,25 @@ def selective_scan(
     return ys, state, caps
 
 
+def selective_step(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of `selective_scan`'s recurrence (decode), fp32: state [B, D, N], x and dt [B, D],
+    a [D, N], b and c [B, N] (shared by all channels) or [B, D, N]. Returns (new state, y [B, D]).
+    """
+    b, c = (v.float() if v.dim() == 3 else v.float().unsqueeze(1) for v in (b, c))
+    dt = dt.float()
+    new = torch.addcmul(
+        (dt * x.float()).unsqueeze(-1) * b, state, torch.exp(dt.unsqueeze(-1) * a.float())
+    )
+    return new, (new * c).sum(-1)
+
+
 class Mamba1Mixer(nn.Module):
     """Mamba-1 mixer with Jamba's RMSNorms on dt, B and C (`inner_norms`).
 
@@ -128,12 +147,8 @@ class Mamba1Mixer(nn.Module):
             conv_cache.index_copy_(0, slots, new_conv.to(conv_cache.dtype))
             xs = self.act(out)
             dt, b, c = self._params(xs)
-            da = torch.exp(dt.unsqueeze(-1) * a)
-            state = ssm_cache[slots].float() * da + (dt * xs.float()).unsqueeze(
-                -1
-            ) * b.float().unsqueeze(1)
+            state, y = selective_step(ssm_cache[slots].float(), xs.float(), dt, a, b, c)
             ssm_cache.index_copy_(0, slots, state.to(ssm_cache.dtype))
-            y = torch.einsum("bdn,bn->bd", state, c.float())
         else:
             init_conv = conv_cache[slots].to(x.dtype)
             init_ssm = ssm_cache[slots].float()

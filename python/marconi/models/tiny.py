@@ -1,8 +1,9 @@
 """The embedded models: `tiny` (the default, Nemotron-H layout), `tiny-jamba` and `small` (a
 ~150M-parameter Nemotron-H layout for benchmarks closer to real per-token costs).
 
-Created from a fixed seed on first use and saved in HF format (config.json + model.safetensors)
-under `$MARCONI_CACHE_DIR/models/<name>` (default `~/.cache/marconi`), then loaded like any other
+Created from a fixed seed on first use and saved as complete HF folders (`hf_folder.py`: config,
+weights, byte-level tokenizer, chat template, generation config) under
+`$MARCONI_CACHE_DIR/models/<name>` (default `~/.cache/marconi`), then loaded like any other
 checkpoint. Byte-level vocabulary (256 bytes + bos 256, eos 257, pad 258). SSM decay rates are
 initialised near zero (|A| in [0.01, 0.1], dt in [0.001, 0.1]) so states carry information across
 thousands of tokens and a wrong resume state shows up in the logits.
@@ -10,17 +11,14 @@ thousands of tokens and a wrong resume state shows up in the logits.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
+from marconi.models.hf_folder import WEIGHTS, write_hf_folder, write_metadata
 from marconi.paths import cache_dir
 
 VOCAB, BOS, EOS, PAD = 260, 256, 257, 258
@@ -31,9 +29,9 @@ TINY_CONFIG: dict[str, Any] = {
     "model_type": "nemotron_h",
     "vocab_size": VOCAB,
     "hidden_size": 384,
-    "layers_block_type": [
-        {"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c] for c in _TINY_PATTERN
-    ],
+    # The pattern string is the one layer-type field that transformers, SGLang 0.5.23 and vLLM
+    # all parse (their `layers_block_type` vocabularies differ).
+    "hybrid_override_pattern": _TINY_PATTERN,
     "num_hidden_layers": len(_TINY_PATTERN),
     "num_attention_heads": 6,
     "num_key_value_heads": 2,
@@ -46,6 +44,12 @@ TINY_CONFIG: dict[str, Any] = {
     "n_groups": 2,
     "conv_kernel": 4,
     "chunk_size": 64,
+    "expand": 2,
+    # SGLang 0.5.23's NemotronHConfig reads only the mamba_-prefixed names (transformers takes both)
+    "mamba_n_groups": 2,
+    "mamba_d_conv": 4,
+    "mamba_chunk_size": 64,
+    "mamba_expand": 2,
     "time_step_min": 0.001,
     "layer_norm_epsilon": 1e-5,
     "tie_word_embeddings": False,
@@ -61,15 +65,14 @@ _SMALL_PATTERN = "M-M-M-M-*-M-M-M-M-M-M-M-M-*-M-M-M-M-"
 SMALL_CONFIG: dict[str, Any] = {
     **TINY_CONFIG,
     "hidden_size": 768,
-    "layers_block_type": [
-        {"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c] for c in _SMALL_PATTERN
-    ],
+    "hybrid_override_pattern": _SMALL_PATTERN,
     "num_hidden_layers": len(_SMALL_PATTERN),
     "num_attention_heads": 12,
     "num_key_value_heads": 4,
     "mamba_num_heads": 24,
     "intermediate_size": 3072,
     "chunk_size": 128,
+    "mamba_chunk_size": 128,
 }
 
 TINY_JAMBA_CONFIG: dict[str, Any] = {
@@ -145,11 +148,11 @@ def _tiny_weights(cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
         for x in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel")
     )
     inner, conv_dim = nh * hd, nh * hd + 2 * g * n
-    for i, t in enumerate(cfg["layers_block_type"]):
+    for i, t in enumerate(cfg["hybrid_override_pattern"]):
         p = f"backbone.layers.{i}."
         w.ones(p + "norm.weight", h)
         m = p + "mixer."
-        if t == "linear_attention":
+        if t == "M":
             w.normal(m + "in_proj.weight", inner + conv_dim + nh, h)
             w.uniform(m + "conv1d.weight", conv_dim, 1, k, lo=-0.5, hi=0.5)
             w.uniform(m + "conv1d.bias", conv_dim, lo=-0.1, hi=0.1)
@@ -158,7 +161,7 @@ def _tiny_weights(cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
             w.ones(m + "D", nh)
             w.ones(m + "norm.weight", inner)
             w.normal(m + "out_proj.weight", h, inner)
-        elif t == "full_attention":
+        elif t == "*":
             w.attention(m, cfg)
         else:
             w.normal(m + "up_proj.weight", cfg["intermediate_size"], h)
@@ -217,22 +220,6 @@ TINY_MODELS: dict[
 }
 
 
-def write_hf_folder(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
-    """Write config.json + model.safetensors atomically (a temp folder renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})  # fmt: skip
-        if path.exists():
-            shutil.rmtree(tmp)  # another process won the race
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
 
 
 def ensure_tiny(name: str = "tiny", seed: int = 0) -> Path:
@@ -240,7 +227,8 @@ def ensure_tiny(name: str = "tiny", seed: int = 0) -> Path:
     if name not in TINY_MODELS:
         raise ValueError(f"unknown embedded model {name!r}; known: {sorted(TINY_MODELS)}")
     path = cache_dir() / "models" / name
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        return path
     cfg, make = TINY_MODELS[name]
+    if (path / WEIGHTS).is_file():
+        write_metadata(path, cfg)  # folders from older versions gain the tokenizer files
+        return path
     return write_hf_folder(path, cfg, make(cfg, seed))

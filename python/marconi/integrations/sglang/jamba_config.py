@@ -12,7 +12,9 @@ configs (``sglang.srt.configs.mamba.FalconMambaConfig``) expose:
   Mamba-1 layout: conv state [d_inner/tp, d_conv-1], SSM state [d_inner/tp, 1, d_state]) over
   the Mamba layer ids, dtypes from ``mamba2_state_dtype`` (conv: ``$SGLANG_MAMBA_CONV_DTYPE``,
   default bf16; SSM: ``mamba_ssm_dtype`` or ``$SGLANG_MAMBA_SSM_DTYPE``, default fp32);
-- ``mamba_chunk_size``: only bounds the conv window for Mamba-1 (SGLang's constant, 256).
+- ``mamba_chunk_size``: for Mamba-1 only the grid on which the radix cache may place states
+  (there is no chunked scan; it must exceed the conv window). SGLang's FalconMamba uses 256;
+  Jamba uses 16 here, so a branch-point state lands at most 15 tokens before the branch.
 
 ``JambaConfig`` adds these to transformers' ``JambaConfig`` (layer ``i`` is attention iff
 ``i % attn_layer_period == attn_layer_offset``, else Mamba-1). ``register_jamba_config`` makes
@@ -34,8 +36,9 @@ if TYPE_CHECKING:
 
 ARCH = "JambaForCausalLM"
 MODEL_TYPE = "jamba"
-#: SGLang's Mamba-1 value (``sglang.srt.configs.mamba._MAMBA1_CACHE_CHUNK_SIZE``).
-MAMBA1_CHUNK_SIZE = 256
+#: Mamba-1's state grid for the radix cache (SGLang's FalconMamba: 256). Any position is an exact
+#: state for a Mamba-1 scan; the grid only has to exceed the conv window (d_conv - 1).
+MAMBA1_CHUNK_SIZE = 16
 MAMBA2_BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.Mamba2AttnBackend"
 
 

@@ -12,7 +12,12 @@ SGLang calls ``register()`` in every process it starts (launcher, scheduler, det
    default: tuned online; or a fixed float), passed to the scheduler processes through
    ``$SGLANG_MARCONI_ALPHA``;
 3. registers ``JambaForCausalLM`` (``integrations/sglang/models/jamba.py``) with SGLang's model
-   registry and its config (``jamba_config.register_jamba_config``): see ``register_models``.
+   registry and its config (``jamba_config.register_jamba_config``): see ``register_models``;
+4. on a CPU, binds marconi's Mamba kernels into SGLang's mixers (``cpu_binding``) and, through a
+   BEFORE hook on ``ServerArgs.resolve_once``, picks the settings SGLang needs there
+   (``cpu_defaults``);
+5. with the ``marconi`` backend, ends a prefill chunk at the branch point so ``no_buffer`` mode
+   caches its state (an AROUND hook on ``PrefillAdder.add_one_req``: ``branch_split``).
 """
 
 from __future__ import annotations
@@ -137,11 +142,25 @@ def register() -> None:
 
     if BACKEND_NAME not in registered_radix_cache_backends():
         register_radix_cache_backend(BACKEND_NAME, _factory)
-    hooks = HookRegistry._hooks.get(ADD_CLI_ARGS_TARGET, [])
-    if not any(h is _after_add_cli_args for _, h, _ in hooks):
-        HookRegistry.register(ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
+    from marconi.integrations.sglang.branch_split import (
+        ADD_ONE_REQ_TARGET,
+        split_prefill_at_branch,
+    )
+    from marconi.integrations.sglang.cpu_defaults import RESOLVE_TARGET, apply_cpu_defaults
+
+    for target, hook, kind in (
+        (ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER),
+        (RESOLVE_TARGET, apply_cpu_defaults, HookType.BEFORE),
+        (ADD_ONE_REQ_TARGET, split_prefill_at_branch, HookType.AROUND),
+    ):
+        if not any(h is hook for _, h, _ in HookRegistry._hooks.get(target, [])):
+            HookRegistry.register(target, hook, kind)
 
     from marconi.integrations.sglang.jamba_config import register_jamba_config
 
     register_jamba_config()
     register_models()
+
+    from marconi.integrations.sglang.cpu_binding import bind_cpu_kernels
+
+    bind_cpu_kernels()
