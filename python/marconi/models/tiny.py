@@ -220,8 +220,6 @@ TINY_MODELS: dict[
 }
 
 
-
-
 def ensure_tiny(name: str = "tiny", seed: int = 0) -> Path:
     """The folder of embedded model `name`, created (deterministically from `seed`) if absent."""
     if name not in TINY_MODELS:
