@@ -1,9 +1,14 @@
 """``python -m marconi.launch_server --model tiny --prefix-cache marconi --port 30000``.
 
-Flags are generated from the frozen config dataclasses (``EngineConfig`` here, ``ServerArgs``
-below): defaults and help come from the fields, choices from the preset registry. Names follow
-SGLang's ``launch_server`` where the meaning is the same (``--model-path`` = ``--model``,
-``--disable-radix-cache`` = ``--prefix-cache none``).
+Flags are generated from the frozen config dataclasses (``EngineConfig``, ``ServerArgs`` below
+and the server's ``Limits``): defaults and help come from the fields, choices from the preset
+registry. Names follow SGLang's ``launch_server`` where the meaning is the same
+(``--model-path`` = ``--model``, ``--disable-radix-cache`` = ``--prefix-cache none``,
+``--api-key``, ``--max-queued-requests``). ``--api-key`` may also come from ``MARCONI_API_KEY``.
+
+SIGTERM or SIGINT drains: the server stops accepting connections, in-flight requests have
+``--drain-timeout`` seconds to finish, the rest end with a 503 ``shutting_down``; then the cache
+is checked (nothing may be left in flight) and the process exits 0 (1 if the check fails).
 """
 
 from __future__ import annotations
@@ -11,7 +16,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -19,8 +27,10 @@ from dataclasses import dataclass
 
 from marconi.engine.config import NO_CACHE, EngineConfig, prefix_cache_choices
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
+from marconi.server.guard import Limits
 
 log = logging.getLogger("marconi.server")
+API_KEY_ENV = "MARCONI_API_KEY"
 
 _HELP = {
     "model": "embedded model (tiny, tiny-jamba, small) or a local HF model folder",
@@ -32,6 +42,7 @@ _HELP = {
     "schedule_policy": "admission order: fcfs, or lpm (longest cached prefix first)",
     "context_length": "longest prompt + completion (None: the model's)",
     "default_max_tokens": "completion cap when a chat request sets no max_tokens",
+    "queue_timeout": "seconds a request may wait for admission, then 503 (None: no limit)",
     "dtype": "model and KV dtype",
     "device": "cpu or cuda[:N]",
     "seed": "seed of unseeded sampling",
@@ -41,6 +52,12 @@ _HELP = {
     "served_model_name": "model name in the API (default: --model)",
     "log_level": "debug, info, warning or error",
     "num_threads": "torch CPU threads (default: torch's choice)",
+    "drain_timeout": "seconds in-flight requests get to finish after SIGTERM/SIGINT",
+    "api_key": f"require 'Authorization: Bearer KEY' on /v1/* and /debug/* (or set ${API_KEY_ENV})",
+    "max_queued_requests": "requests waiting for admission beyond which a new one gets 503",
+    "max_request_bytes": "largest request body (413 beyond)",
+    "body_timeout": "seconds a client may take to send its body (408 beyond)",
+    "retry_after": "Retry-After seconds of a 503",
 }
 _CHOICES = {
     "prefix_cache": prefix_cache_choices(),
@@ -59,6 +76,7 @@ class ServerArgs:
     served_model_name: str | None = None
     log_level: str = "info"
     num_threads: int | None = None
+    drain_timeout: float = 30.0
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -69,7 +87,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
         if kind == "bool":
             parser.add_argument(flag, action="store_true", help=_HELP.get(f.name))
             continue
-        conv = int if kind.startswith("int") else str
+        conv = {"int": int, "float": float}.get(kind.split(" ")[0], str)
         names = [flag, "--model-path"] if f.name == "model" else [flag]
         parser.add_argument(
             *names,
@@ -78,6 +96,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
             default=default,
             choices=_CHOICES.get(f.name),
             help=f"{_HELP.get(f.name, '')} (default: {default})",
+            metavar=f.name.upper() if f.name == "api_key" else None,
         )
 
 
@@ -88,26 +107,37 @@ def make_parser() -> argparse.ArgumentParser:
     )
     _add_fields(parser, EngineConfig)
     _add_fields(parser, ServerArgs)
+    _add_fields(parser, Limits)
     parser.add_argument(
         "--disable-radix-cache", action="store_true", help="same as --prefix-cache none"
     )
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[EngineConfig, ServerArgs]:
+def parse_args(
+    argv: Sequence[str] | None = None,
+) -> tuple[EngineConfig, ServerArgs, Limits]:
     ns = vars(make_parser().parse_args(argv))
     if ns.pop("disable_radix_cache"):
         ns["prefix_cache"] = NO_CACHE
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    engine = EngineConfig(**{k: v for k, v in ns.items() if k in names})
-    server = ServerArgs(**{k: v for k, v in ns.items() if k not in names})
-    return engine, server
+    ns["api_key"] = ns["api_key"] or os.environ.get(API_KEY_ENV) or None
+
+    def pick(cls: type) -> dict:
+        return {f.name: ns[f.name] for f in dataclasses.fields(cls)}
+
+    return (
+        EngineConfig(**pick(EngineConfig)),
+        ServerArgs(**pick(ServerArgs)),
+        Limits(**pick(Limits)),
+    )
 
 
 class ServerHandle:
-    """A running server (uvicorn on a thread); ``stop()`` shuts it and the engine down."""
+    """A running server (uvicorn on a thread); ``stop()`` drains it and shuts the engine down."""
 
-    def __init__(self, engine_config: EngineConfig, args: ServerArgs) -> None:
+    def __init__(
+        self, engine_config: EngineConfig, args: ServerArgs, limits: Limits | None = None
+    ) -> None:
         import uvicorn
 
         from marconi.engine.async_engine import AsyncEngine
@@ -119,11 +149,18 @@ class ServerHandle:
         engine = Engine(engine_config)
         self.engine = AsyncEngine(engine)
         name = args.served_model_name or engine_config.model
-        app = create_app(self.engine, name, ChatTemplate.for_model(engine.model_path))
+        self.limits = limits or Limits()
+        template = ChatTemplate.for_model(engine.model_path)
+        app = create_app(self.engine, name, template, self.limits)
         self.url = f"http://{args.host}:{args.port}"
-        self.model_name = name
+        self.model_name, self.args = name, args
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=int(args.drain_timeout) + 10,  # backstop of stop()'s
         )
         self.server = uvicorn.Server(config)
         self.engine.start()
@@ -145,10 +182,20 @@ class ServerHandle:
         while self._thread.is_alive():
             self._thread.join(0.5)
 
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self._thread.join(10)
-        self.engine.shutdown()
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, drain: float | None = None) -> str | None:
+        """Drain (module docstring; ``drain`` defaults to ``--drain-timeout``) and stop; returns
+        None if the cache is intact with nothing in flight afterwards, else what is wrong."""
+        drain = self.args.drain_timeout if drain is None else drain
+        self.server.should_exit = True  # stop accepting; uvicorn waits for open responses
+        self._thread.join(drain)
+        if self._thread.is_alive():
+            log.warning("drain timeout (%.0f s): failing the requests still in flight", drain)
+            self.engine.fail_all("shutdown")
+            self._thread.join(15)
+        return self.engine.shutdown()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -158,7 +205,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    engine_config, args = parse_args(argv)
+    engine_config, args, limits = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -166,13 +213,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(args.num_threads)
-    handle = ServerHandle(engine_config, args)
-    try:
-        handle.wait()
-    except KeyboardInterrupt:
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    handle = ServerHandle(engine_config, args, limits)
+    while handle.is_alive() and not stopping.wait(0.5):
         pass
-    finally:
-        handle.stop()
+    log.info("shutting down: draining for up to %.0f s", args.drain_timeout)
+    problem = handle.stop()
+    if problem:
+        log.error("shutdown: cache check failed: %s", problem)
+        sys.exit(1)
+    log.info("shutdown: cache integrity OK, nothing in flight")
 
 
 if __name__ == "__main__":

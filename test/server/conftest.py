@@ -10,6 +10,7 @@ import pytest
 import torch
 from marconi.engine.config import EngineConfig
 from marconi.launch_server import ServerArgs, ServerHandle, free_port
+from marconi.server.guard import Limits
 
 torch.set_num_threads(1)
 
@@ -18,9 +19,14 @@ torch.set_num_threads(1)
 ASCII_ONLY = {str(t): -100 for t in range(128, 260)}
 
 
-def start_server(**engine_kwargs: object) -> ServerHandle:
+def start_server(limits: Limits | None = None, **engine_kwargs: object) -> ServerHandle:
     config = EngineConfig(**{"model": "tiny", "cache_memory": "96MB", **engine_kwargs})
-    return ServerHandle(config, ServerArgs(port=free_port(), log_level="warning"))
+    return ServerHandle(config, ServerArgs(port=free_port(), log_level="warning"), limits)
+
+
+def stop_server(srv: ServerHandle) -> None:
+    """Stop ``srv`` and assert that the shutdown check found nothing in flight."""
+    assert srv.stop(drain=5) is None
 
 
 def wait_idle(url: str, timeout: float = 20.0) -> dict:
@@ -43,11 +49,11 @@ def wait_idle(url: str, timeout: float = 20.0) -> dict:
 def marconi_server() -> Iterator[ServerHandle]:
     srv = start_server(prefix_cache="marconi", context_length=2048, chunked_prefill_size=64)
     yield srv
-    srv.stop()
+    stop_server(srv)
 
 
 @pytest.fixture(scope="package")
 def plain_server() -> Iterator[ServerHandle]:
     srv = start_server(prefix_cache="none")
     yield srv
-    srv.stop()
+    stop_server(srv)

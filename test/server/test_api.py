@@ -116,7 +116,7 @@ BAD = [
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": 100000}', 400, None),
     ("/v1/completions", b'{"prompt": "", "max_tokens": 2}', 400, "empty_prompt"),
     ("/v1/completions", b'{"prompt": "hi", "n": 2}', 400, "unsupported_value"),
-    ("/v1/completions", b'{"prompt": "hi", "temperature": 3}', 400, "invalid_type"),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": 3}', 400, "invalid_value"),
     ("/v1/completions", b'{"max_tokens": 2}', 400, "missing"),
     ("/v1/chat/completions", b'{"messages": []}', 400, "empty_messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, None),
@@ -188,9 +188,9 @@ def test_launch_server_cli_starts_logs_and_serves() -> None:
 
 
 def test_flags_mirror_sglang() -> None:
-    eng, srv = parse_args(["--model-path", "tiny", "--disable-radix-cache", "--port", "1234"])
+    eng, srv, _ = parse_args(["--model-path", "tiny", "--disable-radix-cache", "--port", "1234"])
     assert eng.model == "tiny" and eng.prefix_cache == "none" and srv.port == 1234
-    eng, _ = parse_args(["--prefix-cache", "vllm+", "--alpha", "0.5", "--cache-memory", "0.1"])
+    eng, _, _ = parse_args(["--prefix-cache", "vllm+", "--alpha", "0.5", "--cache-memory", "0.1"])
     assert eng.prefix_cache == "vllm+" and eng.alpha == "0.5" and eng.cache_bytes > 0
     with pytest.raises(SystemExit):
         parse_args(["--prefix-cache", "lru-magic"])

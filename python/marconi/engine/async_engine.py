@@ -3,6 +3,11 @@
 The engine thread is the only one that touches the engine; other threads send it commands
 (add, abort, call) through a queue and get results through per-request ``asyncio.Queue``s.
 When idle it blocks on the command queue (no busy loop).
+
+Faults: the engine fails a faulty request alone (``Engine.step``); should a step still raise,
+every request in flight fails with ``finish_reason="error"`` and the thread keeps serving.
+``num_queued()`` (requests submitted but not yet admitted) is what the server bounds with
+``--max-queued-requests``.
 """
 
 from __future__ import annotations
@@ -37,24 +42,50 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="marconi-engine", daemon=True)
+        self._lock = threading.Lock()
+        self._unfinished = 0  # submitted, final output not yet delivered
+        self._running = 0  # admitted, as of the last step (published by the engine thread)
 
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float = 10.0) -> str | None:
+        """Stop the engine thread, end whatever is still in flight (``"shutdown"``), and check
+        the cache: None if it is intact with nothing in flight, else what is wrong."""
         self._stop.set()
         self._cmds.put(("wake", None))
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            return "the engine thread did not stop"
+        for out in self._fail_all("shutdown"):  # the thread is gone: this one owns the engine
+            self._deliver(out)
+        try:
+            self.engine.check_integrity()
+        except AssertionError as e:
+            return str(e) or "integrity check failed"
+        return None
 
     # ------------------------------------------------------------------ callers' side
     def submit(self, req: Req) -> asyncio.Queue[StepOutput]:
         """Queue ``req``; call from a running event loop."""
         q: asyncio.Queue[StepOutput] = asyncio.Queue()
+        with self._lock:
+            self._unfinished += 1
         self._cmds.put(("add", (req, asyncio.get_running_loop(), q)))
         return q
 
     def abort(self, rid: str) -> None:
         self._cmds.put(("abort", rid))
+
+    def fail_all(self, reason: str) -> None:
+        """End every request in flight with ``finish_reason=reason`` (the shutdown drain)."""
+        self._cmds.put(("fail_all", reason))
+
+    def num_queued(self) -> int:
+        """Requests submitted and not yet admitted (an upper bound: admissions count from the
+        end of the step that made them)."""
+        with self._lock:
+            return max(0, self._unfinished - self._running)
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -77,7 +108,8 @@ class AsyncEngine:
                 outs = self.engine.step()
             except Exception:
                 log.exception("engine step failed; failing every request in flight")
-                outs = self._fail_all()
+                outs = self._fail_all("error")
+            self._running = len(self.engine.scheduler.running)
             for out in outs:
                 self._deliver(out)
 
@@ -90,6 +122,9 @@ class AsyncEngine:
             out = self.engine.abort(arg)
             if out is not None:
                 self._deliver(out)
+        elif kind == "fail_all":
+            for out in self._fail_all(arg):
+                self._deliver(out)
         elif kind == "call":
             fn, fut = arg
             try:
@@ -101,15 +136,15 @@ class AsyncEngine:
         target = self._streams.pop(out.rid, None) if out.finished else self._streams.get(out.rid)
         if target is None:
             return
+        if out.finished:
+            with self._lock:
+                self._unfinished -= 1
         loop, q = target
         with contextlib.suppress(RuntimeError):  # the caller's loop is gone
             loop.call_soon_threadsafe(q.put_nowait, out)
 
-    def _fail_all(self) -> list[StepOutput]:
+    def _fail_all(self, reason: str) -> list[StepOutput]:
         sched = self.engine.scheduler
-        outs = []
-        for req in [*sched.running, *sched.waiting]:
-            out = self.engine.abort(req.rid)
-            if out is not None:
-                outs.append(StepOutput(**{**out.__dict__, "finish_reason": "error"}))
-        return outs
+        outs = [self.engine.abort(r.rid, reason) for r in [*sched.running, *sched.waiting]]
+        self._running = len(sched.running)
+        return [o for o in outs if o is not None]

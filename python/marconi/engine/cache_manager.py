@@ -50,7 +50,11 @@ class CacheManager:
         lease = self.leases.begin(tokens, max_fed)
         if lease is not None and lease.restore_from is not None:
             assert lease.working is not None
-            self.memory.copy_state(lease.restore_from, lease.working)
+            try:
+                self.memory.copy_state(lease.restore_from, lease.working)
+            except BaseException:  # issue 12: a failed copy holds nothing
+                self.leases.abort(lease)
+                raise
         return lease
 
     def before_decode(self, lease: Lease, fed: int) -> None:

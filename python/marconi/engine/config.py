@@ -67,6 +67,8 @@ class EngineConfig:
     - ``context_length``: longest prompt + completion; ``None`` = the model's
       ``max_position_embeddings`` (8192 if absent).
     - ``default_max_tokens``: completion length cap when a request gives none.
+    - ``queue_timeout``: seconds a request may wait for admission before it ends with
+      ``finish_reason="timeout"`` (the server answers 503); ``None`` = no limit.
     """
 
     model: str = "tiny"
@@ -78,6 +80,7 @@ class EngineConfig:
     schedule_policy: str = "fcfs"
     context_length: int | None = None
     default_max_tokens: int = 256
+    queue_timeout: float | None = None
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
@@ -95,6 +98,8 @@ class EngineConfig:
         if self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be >= 1")
         SCHEDULE_POLICIES.get(self.schedule_policy)  # raises ValueError listing the choices
+        if self.queue_timeout is not None and not self.queue_timeout > 0:
+            raise ValueError("queue_timeout must be > 0 seconds")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("context_length must be >= 2")
 

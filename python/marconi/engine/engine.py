@@ -104,6 +104,7 @@ class Engine:
             config.max_running_requests,
             config.chunked_prefill_size,
             SCHEDULE_POLICIES.create(config.schedule_policy),
+            config.queue_timeout,
         )
         self._ids = itertools.count()
         self.requests_finished = self.prompt_tokens = self.cached_tokens = 0
@@ -180,19 +181,28 @@ class Engine:
     def add_request(self, req: Req) -> None:
         self.scheduler.add(req)
 
-    def abort(self, rid: str) -> StepOutput | None:
-        return self.scheduler.abort(rid)
+    def abort(self, rid: str, reason: str = "abort") -> StepOutput | None:
+        return self.scheduler.abort(rid, reason)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[StepOutput]:
-        """One iteration: schedule a batch, run the model on it, turn logits into tokens."""
+        """One iteration: schedule a batch, run the model on it, turn logits into tokens.
+
+        A fault in one request's work fails that request alone (``Scheduler``); a fault in the
+        forward pass, which is shared, fails the requests of that batch (their own memory may
+        be half-written; the tree's is only read) and leaves the waiting ones queued."""
         batch, outs = self.scheduler.schedule()
         if batch is not None:
             t0 = time.perf_counter()
-            logits = self.runner.forward(batch.inputs)
+            try:
+                logits = self.runner.forward(batch.inputs)
+            except Exception as e:
+                log.exception("forward pass failed; failing its %d requests", len(batch.reqs))
+                outs += self.scheduler.fail(batch.reqs, e)
+                return self._finish_step(outs)
             picked = [r for r, s in zip(batch.reqs, batch.samples, strict=True) if s]
             rows = [i for i, s in enumerate(batch.samples) if s]
             sampled = iter(self.runner.sample(logits[rows], picked))
@@ -206,6 +216,9 @@ class Engine:
                 batch.num_tokens,
                 1e3 * (time.perf_counter() - t0),
             )
+        return self._finish_step(outs)
+
+    def _finish_step(self, outs: list[StepOutput]) -> list[StepOutput]:
         for out in outs:
             self._account(out)
         if self.config.check_integrity:

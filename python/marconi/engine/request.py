@@ -46,6 +46,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -61,7 +63,9 @@ class Status(enum.Enum):
 @dataclass(frozen=True)
 class StepOutput:
     """What one engine step produced for one request: new tokens and text, and, when
-    ``finished``, the reason (``stop``, ``length``, ``abort`` or ``error``)."""
+    ``finished``, the reason: ``stop``, ``length``, ``abort`` (client gone), ``timeout``
+    (waited past the queue timeout), ``shutdown`` (the server stopped first) or ``error`` (a
+    fault while serving it; ``error`` names the exception type)."""
 
     rid: str
     token_ids: tuple[int, ...]
@@ -123,6 +127,7 @@ class Req:
     lease: Lease | None = None
     detok: Detokenizer | None = None
     generator: object | None = None  # torch.Generator for seeded sampling
+    error: str | None = None  # why it failed (finish_reason "error")
 
     @property
     def prompt_len(self) -> int:
@@ -149,4 +154,5 @@ class Req:
             self.prompt_len,
             self.cached_tokens,
             len(self.output_ids),
+            self.error,
         )

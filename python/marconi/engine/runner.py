@@ -35,24 +35,30 @@ class ModelRunner:
         """Last-token logits [B, vocab] (fp32) of each input, in order."""
         return self.model(ForwardBatch(tuple(inputs)), self.memory).logits
 
-    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[int]:
-        """One token per row of ``logits`` under each request's sampling parameters."""
-        out: list[int] = []
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[int | Exception]:
+        """One token per row of ``logits`` under each request's sampling parameters, or the
+        exception sampling that row raised (a fault of that request alone: the other rows are
+        sampled exactly as without it)."""
+        out: list[int | Exception] = []
         greedy = logits.argmax(dim=-1).tolist()
         for row, req, g in zip(logits, reqs, greedy, strict=True):
-            p = req.params
-            if p.greedy and not p.logit_bias:
-                out.append(int(g))
-                continue
-            row = row.clone()
-            for tok, bias in p.logit_bias:
-                if 0 <= tok < row.numel():
-                    row[tok] += bias
-            if p.greedy:
-                out.append(int(row.argmax()))
-                continue
-            out.append(self._sample_row(row / p.temperature, p.top_p, self._generator(req)))
+            try:
+                out.append(self._sample_one(row, req, int(g)))
+            except Exception as e:
+                out.append(e)
         return out
+
+    def _sample_one(self, row: torch.Tensor, req: Req, greedy: int) -> int:
+        p = req.params
+        if p.greedy and not p.logit_bias:
+            return greedy
+        row = row.clone()
+        for tok, bias in p.logit_bias:
+            if 0 <= tok < row.numel():
+                row[tok] += bias
+        if p.greedy:
+            return int(row.argmax())
+        return self._sample_row(row / p.temperature, p.top_p, self._generator(req))
 
     def _generator(self, req: Req) -> torch.Generator:
         if req.generator is None:

@@ -7,11 +7,21 @@ already mid-prefill, then new requests, in the order of the schedule policy (``f
 allow. Admission reserves all the KV a request can need, so a
 running request never runs short and nothing is ever preempted; a request that does not fit
 waits until others finish (their memory goes back to the cache, which evicts as needed).
+
+Fault isolation: every per-request piece of work (admission and its state copy, decode-time
+checkpoint copies, slot lookups, stop checks and detokenization, the final insert) runs under
+``_isolated``: an exception there fails that request alone (``finish_reason="error"``), frees
+what it holds, and leaves every other request's batch and tokens as they were. A request that
+waits longer than ``queue_timeout`` seconds before admission ends with ``"timeout"``.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +33,8 @@ if TYPE_CHECKING:
     from marconi.engine.cache_manager import CacheManager
     from marconi.engine.request import Req
     from marconi.models.tokenizer import Tokenizer
+
+log = logging.getLogger("marconi.engine")
 
 
 @dataclass(frozen=True)
@@ -50,12 +62,14 @@ class Scheduler:
         max_running: int,
         prefill_budget: int,
         policy: SchedulePolicy | None = None,
+        queue_timeout: float | None = None,
     ) -> None:
         self.manager = manager
         self.tokenizer = tokenizer
         self.max_running = max_running
         self.prefill_budget = prefill_budget
         self.policy = policy or FirstComeFirstServed()
+        self.queue_timeout = queue_timeout
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
 
@@ -63,19 +77,39 @@ class Scheduler:
     def add(self, req: Req) -> None:
         self.waiting.append(req)
 
-    def abort(self, rid: str) -> StepOutput | None:
+    def abort(self, rid: str, reason: str = "abort") -> StepOutput | None:
         """Drop a request wherever it is and free what it holds; None if unknown or done."""
-        for req in self.waiting:
+        for req in (*self.waiting, *self.running):
             if req.rid == rid:
-                self.waiting.remove(req)
-                return self._end(req, "abort")
-        for req in self.running:
-            if req.rid == rid:
-                assert req.lease is not None
-                self.manager.abort(req.lease)
-                self.running.remove(req)
-                return self._end(req, "abort")
+                return self._drop(req, reason)
         return None
+
+    def fail(self, reqs: Sequence[Req], exc: BaseException) -> list[StepOutput]:
+        """Fail ``reqs`` (e.g. a batch whose forward pass raised) and free what they hold."""
+        return [
+            self._drop(r, "error", _describe(exc)) for r in reqs if r.status is not Status.FINISHED
+        ]
+
+    def _drop(self, req: Req, reason: str, error: str | None = None) -> StepOutput:
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            if req.lease is not None:
+                self.manager.abort(req.lease)
+        else:
+            self.waiting.remove(req)
+        return self._end(req, reason, error)
+
+    @contextmanager
+    def _isolated(self, req: Req, failed: list[StepOutput]) -> Iterator[None]:
+        """Run one request's share of a step; on an exception, fail it alone (see the module
+        docstring), report it in ``failed`` and swallow the exception (the rest of the block,
+        that request's work, is skipped)."""
+        try:
+            yield
+        except Exception as e:
+            log.exception("%s failed; failing it alone", req.rid)
+            if req.status is not Status.FINISHED:
+                failed.append(self._drop(req, "error", _describe(e)))
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -84,14 +118,15 @@ class Scheduler:
     def schedule(self) -> tuple[ScheduledBatch | None, list[StepOutput]]:
         """The next batch (None when idle), and requests failed at admission."""
         items: list[tuple[Req, SequenceInput, int, bool]] = []
-        failed: list[StepOutput] = []
-        for req in self.running:
-            if not req.prefilling:
+        failed = self._expire()
+        for req in [r for r in self.running if not r.prefilling]:
+            with self._isolated(req, failed):
                 items.append(self._decode(req))
         budget = self.prefill_budget
-        for req in self.running:
-            if req.prefilling and budget > 0:
-                budget -= self._prefill(req, budget, items)
+        for req in [r for r in self.running if r.prefilling]:
+            if budget > 0:
+                with self._isolated(req, failed):
+                    budget -= self._prefill(req, budget, items)
         if budget > 0 and len(self.running) < self.max_running:
             ordered = self.policy.order(self.waiting, lambda r: self.manager.peek(r.prompt_ids))
             if ordered is not None:
@@ -99,22 +134,34 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
             max_fed = req.prompt_len + req.max_new_tokens - 1
-            lease = self.manager.admit(req.prompt_ids, max_fed)
+            lease = None
+            with self._isolated(req, failed):
+                lease = self.manager.admit(req.prompt_ids, max_fed)
+            if req.status is Status.FINISHED:  # admission raised: failed (nothing held)
+                continue
             if lease is None:
                 if not self.running:  # cannot happen for validated requests; never spin
                     self.waiting.popleft()
-                    failed.append(self._end(req, "error"))
+                    failed.append(self._end(req, "error", "does not fit in memory"))
                     continue
                 break  # wait for running requests to give memory back
             self.waiting.popleft()
             req.lease, req.status = lease, Status.RUNNING
             req.fed = req.cached_tokens = lease.prefix_len
             self.running.append(req)
-            budget -= self._prefill(req, budget, items)
+            with self._isolated(req, failed):
+                budget -= self._prefill(req, budget, items)
         if not items:
             return None, failed
         reqs, inputs, fed_after, samples = zip(*items, strict=True)
         return ScheduledBatch(reqs, inputs, fed_after, samples), failed
+
+    def _expire(self) -> list[StepOutput]:
+        """End the requests that waited longer than ``queue_timeout`` (``"timeout"``)."""
+        if self.queue_timeout is None or not self.waiting:
+            return []
+        limit = time.monotonic() - self.queue_timeout
+        return [self._drop(r, "timeout") for r in list(self.waiting) if r.arrival < limit]
 
     def _decode(self, req: Req) -> tuple[Req, SequenceInput, int, bool]:
         lease = req.lease
@@ -140,31 +187,40 @@ class Scheduler:
         return end - req.fed
 
     # ------------------------------------------------------------------ results
-    def postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[StepOutput]:
+    def postprocess(
+        self, batch: ScheduledBatch, tokens: Sequence[int | Exception | None]
+    ) -> list[StepOutput]:
         """Advance each request by its share of the batch; ``tokens[i]`` is the sampled token of
-        item ``i`` (None where it samples nothing). Finished requests give their memory back."""
+        item ``i`` (None where it samples nothing, the exception if sampling it raised: that
+        request fails alone). Finished requests give their memory back."""
         outs: list[StepOutput] = []
         for req, fed, tok in zip(batch.reqs, batch.fed_after, tokens, strict=True):
             if req.status is not Status.RUNNING:
                 continue
-            req.fed = fed
-            if tok is None:
-                continue
-            req.output_ids.append(tok)
-            reason = self._stop_reason(req, tok)
-            assert req.detok is not None
-            text = req.detok.update(req.output_ids, final=reason is not None)
-            if req.detok.stopped:
-                reason = "stop"
-            if reason is None:
-                outs.append(req.output((tok,), text))
-                continue
-            assert req.lease is not None
-            self.manager.finish(req.lease, req.fed_tokens())
-            self.running.remove(req)
-            req.status, req.finish_reason, req.lease = Status.FINISHED, reason, None
-            outs.append(req.output((tok,), text))
+            with self._isolated(req, outs):
+                if isinstance(tok, Exception):
+                    raise tok
+                req.fed = fed
+                if tok is not None:
+                    outs.append(self._advance(req, tok))
         return outs
+
+    def _advance(self, req: Req, tok: int) -> StepOutput:
+        req.output_ids.append(tok)
+        reason = self._stop_reason(req, tok)
+        assert req.detok is not None
+        text = req.detok.update(req.output_ids, final=reason is not None)
+        if req.detok.stopped:
+            reason = "stop"
+        if reason is not None:
+            assert req.lease is not None
+            # the insert hands the request's memory to the tree: if it raises part-way, what
+            # it holds is unknown, so the request fails without a second free (logged)
+            lease, req.lease = req.lease, None
+            self.manager.finish(lease, req.fed_tokens())
+            self.running.remove(req)
+            req.status, req.finish_reason = Status.FINISHED, reason
+        return req.output((tok,), text)
 
     def _stop_reason(self, req: Req, tok: int) -> str | None:
         p = req.params
@@ -176,6 +232,11 @@ class Scheduler:
             return "length"
         return None
 
-    def _end(self, req: Req, reason: str) -> StepOutput:
-        req.status, req.finish_reason, req.lease = Status.FINISHED, reason, None
+    def _end(self, req: Req, reason: str, error: str | None = None) -> StepOutput:
+        req.status, req.finish_reason, req.lease, req.error = Status.FINISHED, reason, None, error
         return req.output((), "")
+
+
+def _describe(exc: BaseException) -> str:
+    """What a client is told about an internal fault: its type, not its (internal) text."""
+    return type(exc).__name__

@@ -1,9 +1,14 @@
 """HTTP routes: the OpenAI-compatible API over an ``AsyncEngine``.
 
-Every error is an OpenAI-style ``{"error": {...}}`` body with a 4xx status (5xx only for engine
-failures); the server keeps serving after any bad request. A client that disconnects (mid-stream
-or while waiting for a non-streamed answer) gets its request aborted, which frees its memory
-and pins in the engine.
+Every error is an OpenAI-style ``{"error": {...}}`` body with a 4xx status (5xx only for a fault
+while serving a request, which fails that request alone, and for overload: 503 + ``Retry-After``
+when more than ``--max-queued-requests`` wait, when a request waited past ``--queue-timeout``, or
+while shutting down); the server keeps serving after any bad request. A client that disconnects
+(mid-stream, while queued, or while waiting for a non-streamed answer) gets its request aborted,
+which frees its memory and pins in the engine.
+
+A request's HTTP status is only sent once its first output is there (a token, or its end), so a
+streamed request that times out or fails before its first token still gets a proper status.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -22,14 +27,30 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from marconi.engine.chat import ChatTemplate, Message
 from marconi.engine.engine import RequestError
 from marconi.server import protocol as P
+from marconi.server.guard import BearerAuth, ClientGone, Limits, read_json
 from marconi.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from marconi.engine.async_engine import AsyncEngine
-    from marconi.engine.request import Req, StepOutput
+    from marconi.engine.request import StepOutput
 
 log = logging.getLogger("marconi.server")
-_POLL_S = 0.5  # how often a non-streamed request checks whether its client is still there
+_POLL_S = 0.5  # how often a waiting request checks whether its client is still there
+
+
+class _Failure(NamedTuple):
+    status: int
+    code: str
+    message: str
+
+
+#: How a request that ended without an answer is reported (``StepOutput.finish_reason``).
+_FAILURES = {
+    "error": _Failure(500, "engine_error", "the engine failed while serving this request"),
+    "timeout": _Failure(503, "queue_timeout", "the request waited too long to be scheduled"),
+    "shutdown": _Failure(503, "shutting_down", "the server is shutting down"),
+    "abort": _Failure(503, "aborted", "the request was aborted"),
+}
 
 
 @dataclass
@@ -38,16 +59,25 @@ class _Ctx:
     model_name: str
     template: ChatTemplate
     metrics: ServerMetrics
+    limits: Limits
 
 
-def create_app(engine: AsyncEngine, model_name: str, template: ChatTemplate) -> FastAPI:
+def create_app(
+    engine: AsyncEngine, model_name: str, template: ChatTemplate, limits: Limits | None = None
+) -> FastAPI:
     """The FastAPI app; the caller starts and stops ``engine`` (see ``launch_server``)."""
     app = FastAPI(title="marconi", docs_url=None, redoc_url=None)
-    ctx = _Ctx(engine, model_name, template, ServerMetrics())
+    ctx = _Ctx(engine, model_name, template, ServerMetrics(), limits or Limits())
+    if ctx.limits.api_key:
+        app.add_middleware(BearerAuth, api_key=ctx.limits.api_key)
 
     @app.exception_handler(P.APIError)
     async def _api_error(_: Request, e: P.APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_: Request, __: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(404)
     async def _not_found(request: Request, _: Exception) -> JSONResponse:
@@ -92,7 +122,7 @@ def create_app(engine: AsyncEngine, model_name: str, template: ChatTemplate) -> 
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = P.parse(P.CompletionRequest, await _json(request))
+        req = P.parse(P.CompletionRequest, await read_json(request, ctx.limits))
         _check_model(ctx, req.model)
         prompt = req.single_prompt()
         ids = _encode(ctx, prompt) if isinstance(prompt, str) else list(prompt)
@@ -100,7 +130,7 @@ def create_app(engine: AsyncEngine, model_name: str, template: ChatTemplate) -> 
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        req = P.parse(P.ChatCompletionRequest, await _json(request))
+        req = P.parse(P.ChatCompletionRequest, await read_json(request, ctx.limits))
         _check_model(ctx, req.model)
         if not req.messages:
             raise P.APIError("messages must not be empty", param="messages", code="empty_messages")
@@ -109,18 +139,6 @@ def create_app(engine: AsyncEngine, model_name: str, template: ChatTemplate) -> 
         return await _serve(ctx, request, req, ids, req.effective_max_tokens(), chat=True)
 
     return app
-
-
-async def _json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise P.APIError("the request body is not valid UTF-8", code="invalid_utf8") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise P.APIError(f"malformed JSON: {e}", code="invalid_json") from None
 
 
 def _check_model(ctx: _Ctx, model: str | None) -> None:
@@ -149,60 +167,104 @@ async def _serve(
         req = ctx.engine.engine.make_request(ids, params, rid)
     except RequestError as e:
         raise P.APIError(str(e), code=e.code, param=e.param) from None
-    start = time.perf_counter()
-    queue = ctx.engine.submit(req)
+    _admit(ctx)
+    reader = _Reader(ctx, request, rid, ctx.engine.submit(req))
     ctx.metrics.started()
+    first = await reader.next()
+    if first is None:
+        return Response(status_code=499)  # the client went away (nobody reads this)
+    if first.finished and first.finish_reason in _FAILURES:
+        ctx.metrics.finished(first.finish_reason, time.perf_counter() - reader.start)
+        return _failure_response(ctx, first)
     if body.stream:
-        gen = _stream(ctx, req, queue, start, chat, body.include_usage)
+        gen = _stream(ctx, reader, first, chat, body.include_usage)
         return StreamingResponse(gen, media_type="text/event-stream")
-    return await _collect(ctx, request, req, queue, start, chat)
+    return await _collect(ctx, reader, first, chat)
 
 
-async def _collect(
-    ctx: _Ctx, request: Request, req: Req, queue: asyncio.Queue, start: float, chat: bool
-) -> Response:
-    text: list[str] = []
-    timer = _Timer(ctx.metrics, start)
-    next_check = time.perf_counter() + _POLL_S
-    while True:
-        try:
-            out: StepOutput | None = await asyncio.wait_for(queue.get(), _POLL_S)
-        except TimeoutError:
-            out = None
-        if time.perf_counter() >= next_check:  # tokens may keep coming: check by the clock
-            next_check = time.perf_counter() + _POLL_S
-            if await request.is_disconnected():
-                ctx.engine.abort(req.rid)
-                ctx.metrics.finished("abort", None)
-                log.debug("%s: client went away; aborted", req.rid)
-                return Response(status_code=499)
-        if out is None:
-            continue
-        timer.token(out)
+def _admit(ctx: _Ctx) -> None:
+    """503 + ``Retry-After`` when ``max_queued_requests`` requests already wait."""
+    cap = ctx.limits.max_queued_requests
+    if cap is not None and ctx.engine.num_queued() >= cap:
+        ctx.metrics.rejected.labels("queue_full").inc()
+        raise P.APIError(
+            f"the server is overloaded ({cap} requests queued); retry later",
+            503,
+            "server_overloaded",
+            type="server_error",
+            headers={"Retry-After": str(ctx.limits.retry_after)},
+        )
+
+
+def _failure(ctx: _Ctx, out: StepOutput) -> P.APIError:
+    f = _FAILURES[out.finish_reason or "error"]
+    if out.finish_reason == "timeout":
+        ctx.metrics.timed_out.inc()
+    msg = f.message + (f" ({out.error}); other requests were not affected" if out.error else "")
+    headers = {"Retry-After": str(ctx.limits.retry_after)} if f.status == 503 else None
+    return P.APIError(msg, f.status, f.code, type="server_error", headers=headers)
+
+
+def _failure_response(ctx: _Ctx, out: StepOutput) -> JSONResponse:
+    err = _failure(ctx, out)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+class _Reader:
+    """A request's outputs as its handler reads them, with the client checked by the clock
+    (every ``_POLL_S``, also while tokens keep coming) and TTFT/ITL observed."""
+
+    def __init__(self, ctx: _Ctx, request: Request, rid: str, queue: asyncio.Queue) -> None:
+        self.ctx, self.request, self.rid, self.queue = ctx, request, rid, queue
+        self.start = time.perf_counter()
+        self.timer = _Timer(ctx.metrics, self.start)
+        self.next_check = self.start + _POLL_S
+
+    async def next(self) -> StepOutput | None:
+        """The next output; None (and the request aborted) if the client went away."""
+        while True:
+            try:
+                out: StepOutput | None = await asyncio.wait_for(self.queue.get(), _POLL_S)
+            except TimeoutError:
+                out = None
+            if time.perf_counter() >= self.next_check:
+                self.next_check = time.perf_counter() + _POLL_S
+                if await self.request.is_disconnected():
+                    _client_gone(self.ctx, self.rid)
+                    return None
+            if out is not None:
+                self.timer.token(out)
+                return out
+
+
+def _client_gone(ctx: _Ctx, rid: str) -> None:
+    ctx.engine.abort(rid)
+    ctx.metrics.finished("abort", None)
+    log.debug("%s: client went away; aborted", rid)
+
+
+async def _collect(ctx: _Ctx, reader: _Reader, out: StepOutput, chat: bool) -> Response:
+    text = [out.text]
+    while not out.finished:
+        nxt = await reader.next()
+        if nxt is None:
+            return Response(status_code=499)
+        out = nxt
         text.append(out.text)
-        if out.finished:
-            break
-    ctx.metrics.finished(out.finish_reason, time.perf_counter() - start)
-    if out.finish_reason in ("error", "abort"):
-        err = P.APIError("the engine failed this request", 500, "engine_error", type="server_error")
-        return JSONResponse(err.body(), status_code=500)
+    ctx.metrics.finished(out.finish_reason, time.perf_counter() - reader.start)
+    if out.finish_reason in _FAILURES:
+        return _failure_response(ctx, out)
     use = P.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     choice = P.choice("".join(text), out.finish_reason, chat, chunk=False)
-    return JSONResponse(P.completion_body(req.rid, ctx.model_name, choice, chat, False, use))
+    return JSONResponse(P.completion_body(reader.rid, ctx.model_name, choice, chat, False, use))
 
 
 async def _stream(
-    ctx: _Ctx,
-    req: Req,
-    queue: asyncio.Queue,
-    start: float,
-    chat: bool,
-    include_usage: bool,
+    ctx: _Ctx, reader: _Reader, out: StepOutput, chat: bool, include_usage: bool
 ) -> AsyncIterator[str]:
-    """SSE events; if the client goes away, Starlette cancels this generator and the
-    ``finally`` aborts the request."""
-    name, rid, done = ctx.model_name, req.rid, False
-    timer = _Timer(ctx.metrics, start)
+    """SSE events from the first output ``out`` on; if the client goes away, Starlette cancels
+    this generator and the ``finally`` aborts the request."""
+    name, rid, done = ctx.model_name, reader.rid, False
 
     def event(choice: dict, use: dict | None = None) -> str:
         return f"data: {json.dumps(P.completion_body(rid, name, choice, chat, True, use))}\n\n"
@@ -211,28 +273,25 @@ async def _stream(
         if chat:
             yield event(P.choice("", None, chat, chunk=True, role=True))
         while True:
-            out: StepOutput = await queue.get()
-            timer.token(out)
             if out.finished:
                 done = True
-                if out.finish_reason in ("error", "abort"):
-                    err = P.APIError("the engine failed this request", 500, "engine_error")
-                    yield f"data: {json.dumps(err.body())}\n\n"
+                ctx.metrics.finished(out.finish_reason, time.perf_counter() - reader.start)
+                if out.finish_reason in _FAILURES:
+                    yield f"data: {json.dumps(_failure(ctx, out).body())}\n\n"
                 else:
                     yield event(P.choice(out.text, out.finish_reason, chat, chunk=True))
                     if include_usage:
                         use = P.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
                         yield event({}, use)
-                ctx.metrics.finished(out.finish_reason, time.perf_counter() - start)
                 break
             if out.text:
                 yield event(P.choice(out.text, None, chat, chunk=True))
+            out = await reader.queue.get()
+            reader.timer.token(out)
         yield "data: [DONE]\n\n"
     finally:
         if not done:
-            ctx.engine.abort(rid)
-            ctx.metrics.finished("abort", None)
-            log.debug("%s: client went away; aborted", rid)
+            _client_gone(ctx, rid)
 
 
 class _Timer:

@@ -81,6 +81,18 @@ class ServerMetrics:
             "marconi_requests", "finished requests", ["finish_reason"], registry=r
         )
         self.in_progress = Gauge("marconi_http_requests_in_progress", "open requests", registry=r)
+        self.rejected = Counter(
+            "marconi_requests_rejected",
+            "requests refused with 503 before queueing",
+            ["reason"],
+            registry=r,
+        )
+        self.rejected.labels("queue_full")  # exported (as 0) from the start
+        self.timed_out = Counter(
+            "marconi_requests_timed_out",
+            "requests that waited past --queue-timeout (503)",
+            registry=r,
+        )
         self._engine = _EngineCollector()
         r.register(self._engine)
 

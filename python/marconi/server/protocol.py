@@ -4,22 +4,32 @@ Validation policy, as the OpenAI API does it: types are strict (``"5"`` is not a
 and an unknown field is a 400 ``Unrecognized request argument supplied: NAME``, so a typo never
 silently changes a request. Besides OpenAI's fields we accept the common serving extensions
 ``ignore_eos`` and ``stop_token_ids`` (SGLang, vLLM). Unsupported values of known fields (``n > 1``,
-non-zero penalties) are 400s too.
+non-zero penalties) are 400s too, and so is every value out of range (seed beyond int64,
+temperature, top_p, max_tokens, token ids, logit_bias, stop, NaN/Infinity, nesting deeper than
+``MAX_DEPTH``): the engine only ever sees requests it can serve.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from marconi.engine.request import SamplingParams
 
 
 class APIError(Exception):
-    """An error answered as ``{"error": {...}}`` with an HTTP status."""
+    """An error answered as ``{"error": {...}}`` with an HTTP status (and extra ``headers``,
+    e.g. ``Retry-After`` on a 503)."""
 
     def __init__(
         self,
@@ -28,15 +38,11 @@ class APIError(Exception):
         code: str | None = None,
         param: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.message, self.status, self.code, self.param, self.type = (
-            message,
-            status,
-            code,
-            param,
-            type,
-        )
+        self.message, self.status, self.code, self.param = message, status, code, param
+        self.type, self.headers = type, headers
 
     def body(self) -> dict[str, Any]:
         return {
@@ -49,8 +55,35 @@ class APIError(Exception):
         }
 
 
+#: Nesting deeper than this is a 400 (the deepest valid body, chat content parts, has 5 levels).
+MAX_DEPTH = 16
+#: OpenAI's seed is an int64; torch's generator takes any of these.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_TOKEN_LIMIT = 2**31 - 1  # token ids and token counts: int32, far beyond any vocab/context
+
+TokenId = Annotated[int, Field(ge=0, le=_TOKEN_LIMIT)]
+TokenCount = Annotated[int, Field(ge=1, le=_TOKEN_LIMIT)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+BiasKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # a token id, as OpenAI's JSON keys
+BiasValue = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (scalars 0), iteratively (no recursion limit)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, d)
+        if d <= MAX_DEPTH:  # deeper is already an error: stop walking
+            todo.extend((c, d + 1) for c in children)
+    return deepest
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -58,21 +91,39 @@ class StreamOptions(_Strict):
 
 
 class _Common(_Strict):
+    """Every range is checked here, before the engine sees a request (``SamplingParams``
+    re-checks its own invariants)."""
+
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: TokenCount | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    logit_bias: dict[BiasKey, BiasValue] | None = Field(None, max_length=2048)
     user: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=256)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, body: Any) -> Any:
+        if json_depth(body) > MAX_DEPTH:
+            raise ValueError(f"the body is nested more than {MAX_DEPTH} levels deep")
+        return body
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("up to 4 non-empty strings")
+        return v
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         if self.n not in (None, 1):
@@ -80,22 +131,7 @@ class _Common(_Strict):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise APIError(f"{name} is not supported", param=name, code="unsupported_value")
-        if max_tokens is not None and max_tokens < 1:
-            raise APIError(
-                f"max_tokens must be at least 1, got {max_tokens}",
-                param="max_tokens",
-                code="invalid_value",
-            )
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stop) > 4 or any(not s for s in stop):
-            raise APIError("stop: up to 4 non-empty strings", param="stop", code="invalid_value")
-        bias = []
-        for k, v in (self.logit_bias or {}).items():
-            if not k.isdigit() or not -100 <= v <= 100:
-                raise APIError(
-                    "logit_bias maps token ids to values in [-100, 100]", param="logit_bias"
-                )
-            bias.append((int(k), float(v)))
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -104,7 +140,7 @@ class _Common(_Strict):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             seed=self.seed,
-            logit_bias=tuple(bias),
+            logit_bias=tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items()),
         )
 
     @property
@@ -113,8 +149,8 @@ class _Common(_Strict):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for completions
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: TokenCount | None = 16  # OpenAI's default for completions
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
@@ -133,19 +169,22 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
+    """OpenAI allows ``content: null`` only on assistant messages that carry ``tool_calls``,
+    which this server does not support: content is always text or text parts."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart]
     name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
-        return self.content or ""
+        return self.content
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: TokenCount | None = None
 
     def effective_max_tokens(self) -> int | None:
         return (
@@ -155,6 +194,20 @@ class ChatCompletionRequest(_Common):
         )
 
 
+#: pydantic error types that mean "right type, value out of range" (the rest: wrong type).
+_VALUE_ERRORS = (
+    "greater_than",
+    "less_than",
+    "too_long",
+    "too_short",
+    "string_too_short",
+    "string_pattern_mismatch",
+    "value_error",
+    "finite_number",
+    "literal_error",
+)
+
+
 def parse(model: type[_Strict], body: Any) -> Any:
     """Validate a decoded JSON body; the first problem becomes a 400 naming the field."""
     if not isinstance(body, dict):
@@ -162,8 +215,10 @@ def parse(model: type[_Strict], body: Any) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
+        errors = e.errors(include_url=False)
+        # a range error says more than the type mismatches of a union's other members
+        err = next((x for x in errors if x["type"].startswith(_VALUE_ERRORS)), errors[0])
+        loc = ".".join(str(x) for x in err["loc"]) or "body"
         if err["type"] == "extra_forbidden":
             raise APIError(
                 f"Unrecognized request argument supplied: {loc}",
@@ -172,7 +227,8 @@ def parse(model: type[_Strict], body: Any) -> Any:
             ) from None
         if err["type"] == "missing":
             raise APIError(f"missing required field: {loc}", param=loc, code="missing") from None
-        raise APIError(f"invalid {loc}: {err['msg']}", param=loc, code="invalid_type") from None
+        code = "invalid_value" if err["type"].startswith(_VALUE_ERRORS) else "invalid_type"
+        raise APIError(f"invalid {loc}: {err['msg']}", param=loc, code=code) from None
 
 
 # ---------------------------------------------------------------------- responses
