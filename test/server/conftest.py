@@ -29,11 +29,11 @@ def stop_server(srv: ServerHandle) -> None:
     assert srv.stop(drain=5) is None
 
 
-def wait_idle(url: str, timeout: float = 20.0) -> dict:
+def wait_idle(url: str, timeout: float = 20.0, headers: dict | None = None) -> dict:
     """Poll /debug/cache until no request is in flight; assert integrity and no leaked slot."""
     deadline = time.monotonic() + timeout
     while True:
-        r = httpx.get(f"{url}/debug/cache", timeout=10)
+        r = httpx.get(f"{url}/debug/cache", timeout=10, headers=headers)
         body = r.json()
         assert r.status_code == 200 and body["ok"], body
         size = body["size"]
