@@ -24,21 +24,21 @@ from marconi.launch_server import ServerHandle, free_port
 
 from .conftest import start_server, stop_server, wait_idle
 
-CLIENTS = 240
+CLIENTS = 200
 KINDS = ("stream_cut", "wait_cut", "half_body", "complete")
 
 
 @pytest.fixture(scope="module")
 def busy() -> Iterator[ServerHandle]:
-    """Four requests run at once, so many of the clients below hang up while queued."""
-    srv = start_server(prefix_cache="marconi", max_running_requests=4, cache_memory="128MB")
+    """Eight requests run at once, so many of the clients below hang up while queued."""
+    srv = start_server(prefix_cache="marconi", max_running_requests=8, cache_memory="128MB")
     yield srv
     stop_server(srv)
 
 
 async def one_client(cli: httpx.AsyncClient, url: str, rng: random.Random) -> str:
     kind = rng.choice(KINDS)
-    body = {"prompt": f"client {rng.randrange(10**6)} says", "max_tokens": rng.randint(4, 40)}
+    body = {"prompt": f"client {rng.randrange(10**6)} says", "max_tokens": rng.randint(2, 12)}
     if kind == "stream_cut":  # read 0-5 events, then hang up
         async with cli.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             n = rng.randint(0, 5)
@@ -67,7 +67,7 @@ def test_random_disconnects_leave_nothing_in_flight(busy: ServerHandle) -> None:
     rng = random.Random(12)
 
     async def run() -> Counter:
-        sem = asyncio.Semaphore(24)
+        sem = asyncio.Semaphore(32)
         async with httpx.AsyncClient(base_url=busy.url, timeout=120) as cli:
 
             async def bounded() -> str:
@@ -77,7 +77,7 @@ def test_random_disconnects_leave_nothing_in_flight(busy: ServerHandle) -> None:
             return Counter(await asyncio.gather(*(bounded() for _ in range(CLIENTS))))
 
     kinds = asyncio.run(asyncio.wait_for(run(), 300))
-    assert sum(kinds.values()) == CLIENTS and all(kinds[k] > 30 for k in KINDS), kinds
+    assert sum(kinds.values()) == CLIENTS and all(kinds[k] > 25 for k in KINDS), kinds
     wait_idle(busy.url, timeout=30)  # integrity OK, zero KV pages / state slots in flight
     metrics = httpx.get(f"{busy.url}/metrics").text
     aborted = next(
@@ -85,7 +85,7 @@ def test_random_disconnects_leave_nothing_in_flight(busy: ServerHandle) -> None:
         for x in metrics.splitlines()
         if x.startswith('marconi_requests_total{finish_reason="abort"}')
     )
-    assert aborted > 30, aborted
+    assert aborted > 25, aborted
     ok = httpx.post(f"{busy.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
     assert ok.status_code == 200
 
