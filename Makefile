@@ -71,7 +71,7 @@ $(SGL_STAMP): python/pyproject.toml
 	$(SGL_PY) -m pip install --quiet --no-deps "$(SGLANG)"
 	$(SGL_PY) -m pip install --quiet -c $(SGL_VENV)/constraints.txt $(SGL_DEPS)
 	$(SGL_PY) -m pip install --quiet -c $(SGL_VENV)/constraints.txt -e python \
-		pytest pytest-timeout
+		pytest pytest-timeout hypothesis
 	touch $(SGL_STAMP)
 
 test-sglang: install-sglang
