@@ -47,7 +47,7 @@ def _state_copy_fault(engine: Engine, req: Req) -> None:
     real = memory.copy_state
 
     def copy_state(src: int, dst: int) -> None:
-        if req.handle is not None and src == req.handle.working:
+        if req.lease is not None and src == req.lease.working:
             raise RuntimeError("injected state copy fault")
         real(src, dst)
 
@@ -81,7 +81,7 @@ def run(fault: str | None) -> tuple[list[list[int]], Req | None, Engine]:
         steps += 1
         if bad is not None and bad.finish_reason == "error" and engine.has_unfinished():
             # failed mid-batch: it holds nothing any more, while the others still run
-            assert bad.handle is None and bad not in engine.scheduler.running
+            assert bad.lease is None and bad not in engine.scheduler.running
     engine.check_integrity()  # deep check + every KV page and state slot back
     assert steps > 10
     return [r.output_ids for r in reqs if r is not bad], bad, engine
