@@ -152,10 +152,11 @@ def _check_model(ctx: _Ctx, model: str | None) -> None:
 
 
 def _encode(ctx: _Ctx, text: str) -> list[int]:
-    try:
-        return ctx.engine.engine.tokenizer.encode(text)
-    except UnicodeEncodeError:  # lone surrogates from \\ud800-style JSON escapes
+    try:  # lone surrogates from \\ud800-style JSON escapes: checked here, since tokenizers
+        text.encode("utf-8")  # differ in how they fail on them (UnicodeEncodeError, TypeError)
+    except UnicodeEncodeError:
         raise P.APIError("the text is not valid Unicode", code="invalid_utf8") from None
+    return ctx.engine.engine.tokenizer.encode(text)
 
 
 async def _serve(
