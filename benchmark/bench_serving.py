@@ -159,7 +159,9 @@ async def run_session(
         out.append(res)
         if res.error:
             return
-        history = prompt + reply
+        # a reasoning model's template drops the reasoning part (here: the reply's first
+        # ``reasoning_share`` of characters) from the next turn's history
+        history = prompt + reply[int(args.reasoning_share * len(reply)) :]
 
 
 async def bench(args: argparse.Namespace, sessions: list[list[Turn]]) -> tuple[list[Result], float]:
@@ -248,6 +250,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time-scale", type=float, default=0.1, help="multiplies arrival times")
     p.add_argument("--history", choices=["generated", "trace"], default="generated")
     p.add_argument("--ascii-only", action="store_true", help="ban non-ASCII bytes (tiny model)")
+    p.add_argument(
+        "--reasoning-share",
+        type=float,
+        default=0.0,
+        help="drop this leading fraction of each reply from the next turn's history (reasoning)",
+    )
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--launch", default=None, help="comma-separated policies: start our server")

@@ -19,38 +19,65 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marconi.cache.cost import CostModel, load_cost_model
+from marconi.cache.eviction import EVICTION_POLICIES
+from marconi.cache.presets import get_preset
 from marconi.sim.metrics import SimResult
-from marconi.sim.simulate import SimSpec, infinite_cache, simulate
+from marconi.sim.simulate import SimSpec, build_cache, infinite_cache, simulate
+from marconi.sim.trace_variants import load_variant
 from marconi.sim.traces import Request, load_trace
 from tqdm import tqdm
 
-FIXED_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
 FRACTIONS = (0.05, 0.15, 0.4)  # of the footprint: high, moderate, low contention
-TRACES = {  # name -> loader arguments (scaled to keep the whole run within ~20 minutes)
+TRACES = {  # name -> loader arguments (scaled to keep the whole run within ~30 minutes)
     "sharegpt": {"num_sessions": 300},
     "swe": {"num_sessions": 40},
     "mooncake": {"limit": 3000},
+    "sharegpt+reasoning": {"num_sessions": 300},  # half of each output is dropped reasoning
+    "swe+retokenized": {"num_sessions": 40},  # every reply re-tokenised differently once
 }
 MODELS = ("paper-7b", "jamba-1.5-mini")
+OURS = "marconi"
+PEERS = (  # column -> (preset, tuner); every column but ours, the oracle and infinite
+    ("vllm+", "vllm+", "shadow"),
+    ("sglang+", "sglang+", "shadow"),
+    ("paper (paper tuning)", "marconi-paper", "paper"),
+    ("paper (our tuning)", "marconi-paper", "shadow"),
+    ("sglang-0.5", "sglang-0.5", "shadow"),
+    ("vllm-0.32", "vllm-0.32", "shadow"),
+)
 COLUMNS = (
-    "vllm+",
-    "sglang+",
-    "marconi (paper tuning)",
-    "marconi (our tuning)",
-    "best fixed alpha",
-    "sglang-0.5",
-    "vllm-0.32",
+    *(c for c, _, _ in PEERS),
+    "paper best fixed alpha",
+    "marconi best fixed alpha",
+    "marconi",
     "oracle",
     "infinite",
 )
 
 
+def alpha_grid(preset: str) -> tuple[float, ...]:
+    """The alphas the preset's tuner searches (its eviction policy's grid)."""
+    return EVICTION_POLICIES.get(get_preset(preset).config.eviction).alpha_grid  # type: ignore[attr-defined]
+
+
 @dataclass
 class Cell:
     values: dict[str, float]
-    best_alpha: float
-    our_alpha: float
-    paper_alpha: float
+    paper_best: float
+    ours_best: float
+    ours_alpha: float
+
+    @property
+    def margin(self) -> float:
+        """Ours minus the best other column (peers and both best fixed alphas)."""
+        skip = {OURS, "oracle", "infinite"}
+        return self.values[OURS] - max(v for k, v in self.values.items() if k not in skip)
+
+    @property
+    def gap_closed(self) -> float | None:
+        """The fraction of the sglang+ -> oracle gap that ours closes."""
+        lo, hi = self.values["sglang+"], self.values.get("oracle")
+        return None if hi is None or hi <= lo else (self.values[OURS] - lo) / (hi - lo)
 
 
 def _round_gb(nbytes: float) -> int:
@@ -72,32 +99,36 @@ def run_cell(trace: Sequence[Request], cost: CostModel, cap: int, name: str, inf
         spec = SimSpec(policy, cap, alpha=alpha, tuner=tuner, trace_name=name)
         return simulate(trace, cost, spec)
 
-    fixed = {a: sim("marconi", a).token_hit_rate for a in FIXED_ALPHAS}
-    best_alpha = max(fixed, key=lambda a: (fixed[a], -a))
-    ours, paper = sim("marconi", tuner="shadow"), sim("marconi", tuner="paper")
-    values = {
-        "vllm+": sim("vllm+").token_hit_rate,
-        "sglang+": sim("sglang+").token_hit_rate,
-        "marconi (paper tuning)": paper.token_hit_rate,
-        "marconi (our tuning)": ours.token_hit_rate,
-        "best fixed alpha": fixed[best_alpha],
-        "sglang-0.5": sim("sglang-0.5").token_hit_rate,
-        "vllm-0.32": sim("vllm-0.32").token_hit_rate,
+    values = {col: sim(preset, tuner=tuner).token_hit_rate for col, preset, tuner in PEERS}
+    paper = {a: sim("marconi-paper", a).token_hit_rate for a in alpha_grid("marconi-paper")}
+    fixed = {a: sim(OURS, a).token_hit_rate for a in alpha_grid(OURS)}
+    paper_best, ours_best = (max(d, key=lambda a: (d[a], -a)) for d in (paper, fixed))
+    ours = sim(OURS)
+    values |= {
+        "paper best fixed alpha": paper[paper_best],
+        "marconi best fixed alpha": fixed[ours_best],
+        OURS: ours.token_hit_rate,
         "infinite": inf,
     }
     oracle = _oracle(trace, cost, cap)
     if oracle is not None:
         values["oracle"] = oracle
-    return Cell(values, best_alpha, float(ours.alpha or 0.0), float(paper.alpha or 0.0))
+    return Cell(values, paper_best, ours_best, float(ours.alpha or 0.0))
 
 
-def results_tables(quick: bool) -> list[str]:
+def _load(name: str, kw: dict) -> list[Request]:
+    return load_variant(name, **kw)
+
+
+def results_tables(quick: bool) -> tuple[list[str], list[str]]:
+    """The per-trace tables, and one summary line per cell (margin, gap closed)."""
     lines: list[str] = []
+    summary: list[str] = []
     traces = {k: dict(v) for k, v in TRACES.items()}
     if quick:
-        traces = {"sharegpt": {"num_sessions": 60}}
+        traces = {"sharegpt": {"num_sessions": 60}, "sharegpt+reasoning": {"num_sessions": 60}}
     for tname, kw in traces.items():
-        trace = load_trace(tname, **kw)
+        trace = _load(tname, kw)
         ntok = sum(r.num_input_tokens for r in trace)
         for mname in MODELS:
             cost = load_cost_model(mname)
@@ -107,9 +138,10 @@ def results_tables(quick: bool) -> list[str]:
             lines += [
                 f"### {tname} ({kw}; {len(trace)} requests, {ntok:,} input tokens) — {mname}",
                 "",
-                "Token hit rate (%). `alpha` columns: best fixed / ours (final) / paper's.",
+                "Token hit rate (%). `alpha`: best fixed for the paper's design / best fixed"
+                " for ours / ours (final, tuned).",
                 "",
-                "| capacity | " + " | ".join(COLUMNS) + " | alpha best/ours/paper |",
+                "| capacity | " + " | ".join(COLUMNS) + " | alpha |",
                 "|---" * (len(COLUMNS) + 2) + "|",
             ]
             for cap in tqdm(caps, desc=f"{tname}/{mname}", leave=False):
@@ -117,10 +149,42 @@ def results_tables(quick: bool) -> list[str]:
                 vals = [
                     f"{100 * cell.values[c]:.2f}" if c in cell.values else "n/a" for c in COLUMNS
                 ]
-                alphas = f"{cell.best_alpha:g} / {cell.our_alpha:g} / {cell.paper_alpha:g}"
+                alphas = f"{cell.paper_best:g} / {cell.ours_best:g} / {cell.ours_alpha:g}"
                 lines.append(f"| {cap / 1e9:g} GB | " + " | ".join(vals) + f" | {alphas} |")
+                gap = cell.gap_closed
+                summary.append(
+                    f"| {tname} | {mname} | {cap / 1e9:g} GB | {100 * cell.values[OURS]:.2f} |"
+                    f" {100 * cell.margin:+.2f} | {'n/a' if gap is None else f'{gap:.2f}'} |"
+                )
             lines.append("")
-    return lines
+    return lines, summary
+
+
+def learned_kinds(quick: bool) -> list[str]:
+    """What the learned admission ends up admitting on each trace (paper-7b, 15% capacity)."""
+    from marconi.sim.replay import Replayer
+
+    lines = [
+        "Candidate kinds the learned admission admits at the end of each trace (paper-7b,"
+        " moderate contention), and each kind's yield (credited would-be hit tokens per"
+        " proposal):",
+        "",
+        "| trace | admitted kinds | yields |",
+        "|---|---|---|",
+    ]
+    traces = {"sharegpt+reasoning": {"num_sessions": 60}} if quick else TRACES
+    cost = load_cost_model("paper-7b")
+    for tname, kw in traces.items():
+        trace = _load(tname, kw)
+        inf = infinite_cache(trace, cost)
+        foot = inf.unique_tokens * cost.kv_bytes_per_token + len(trace) * cost.state_bytes
+        cache, _ = build_cache(cost, SimSpec(OURS, _round_gb(FRACTIONS[1] * foot), alpha=0.0))
+        Replayer(cache).run_sequential(trace)
+        adm = cache.admission
+        kinds = ", ".join(sorted(k.name.lower() for k in adm.enabled))  # type: ignore[attr-defined]
+        ylds = ", ".join(f"{k} {v:.0f}" for k, v in adm.yields().items())  # type: ignore[attr-defined]
+        lines.append(f"| {tname} | {kinds} | {ylds} |")
+    return [*lines, ""]
 
 
 def throughput(quick: bool) -> list[str]:
@@ -136,7 +200,13 @@ def throughput(quick: bool) -> list[str]:
         "| policy | wall s | requests/s | input tokens/s | token hit rate |",
         "|---|---|---|---|---|",
     ]
-    for policy, alpha in (("marconi", 0.0), ("sglang+", "auto"), ("marconi", "auto")):
+    for policy, alpha in (
+        ("sglang+", "auto"),
+        ("marconi-paper", 0.0),
+        ("marconi-paper", "auto"),
+        ("marconi", 0.0),
+        ("marconi", "auto"),
+    ):
         res = simulate(trace, "paper-7b", SimSpec(policy, 200 * 10**9, alpha=alpha, workers=1))
         label = f"{policy} (alpha {alpha})"
         lines.append(
@@ -156,10 +226,14 @@ def tuning_speed(quick: bool) -> list[str]:
         "| tuner | tuning s | whole replay s | chosen alpha | token hit rate |",
         "|---|---|---|---|---|",
     ]
-    for tuner in ("paper", "shadow"):
-        res = simulate(trace, "paper-7b", SimSpec("marconi", 40 * 10**9, tuner=tuner))
+    for policy, tuner in (
+        ("marconi-paper", "paper"),
+        ("marconi-paper", "shadow"),
+        (OURS, "shadow"),
+    ):
+        res = simulate(trace, "paper-7b", SimSpec(policy, 40 * 10**9, tuner=tuner))
         lines.append(
-            f"| {tuner} | {res.tuning_s:.1f} | {res.wall_s:.1f} | {res.alpha} |"
+            f"| {policy}, {tuner} | {res.tuning_s:.1f} | {res.wall_s:.1f} | {res.alpha} |"
             f" {100 * res.token_hit_rate:.2f} |"
         )
     return [*lines, ""]
@@ -168,24 +242,23 @@ def tuning_speed(quick: bool) -> list[str]:
 NOTES = """\
 ## Reading the tables
 
-- ShareGPT and SWE (multi-turn chat and agent sessions, outputs recorded): marconi >= sglang+ >>
-  vllm+ at every capacity, with the largest gains under contention; our (shadow-cache) tuning is
-  within 1 point of the best fixed alpha in hindsight and never below sglang+ (LRU).
-- vllm+ (a state every 32 tokens) fills the budget with states nobody reuses: it is far below
-  everything else until the cache holds the whole working set.
-- Mooncake is the exception: vllm-0.32 and sglang-0.5 beat marconi = sglang+. The trace records
-  no output tokens (our loader gives each request unique synthetic outputs) and its prefixes are
-  whole 512-token blocks: turn k+1 repeats turn k's *input* blocks but not its output, so the
-  state after the last decoded token, where Marconi expects the conversation to continue, is never
-  reused, and the shared prefix ends at turn k's last full input block, where only policies that
-  checkpoint block-aligned input positions have a state. The diagnosis below measures it: adding
-  that one position to Marconi's admission recovers the gap. On real traffic the next turn
-  extends input + output, which the ShareGPT and SWE rows show.
+- Columns: the peers (vllm+, sglang+, sglang-0.5, vllm-0.32), the paper's Marconi design
+  (`marconi-paper`: branch point + last decoded, FLOP-aware eviction) with the paper's tuner and
+  with our shadow tuner, the best fixed alpha in hindsight for the paper's design and for ours,
+  ours (`marconi`, the default: learned admission + hit-density eviction, docs/admission.md),
+  the future-aware oracle and the infinite cache.
+- The summary's margin is ours minus the best other column of the cell (every peer and both
+  best-fixed-alpha columns); the gap closed is (ours - sglang+) / (oracle - sglang+).
+- `+reasoning`: half of every output is a reasoning part that the next turn's history drops;
+  `+retokenized`: every reply is re-tokenised once at a uniform position
+  (`marconi.sim.trace_variants`).
+  The paper's bet (the next turn extends exactly the fed tokens) fails on both; the learned
+  admission finds the prompt end instead.
+- Mooncake records no outputs and its turns repeat the previous turn's input blocks, so the
+  reused position is the last 512-aligned input position: the learned admission finds it.
+- vllm+ (a state every 32 tokens) fills the budget with states nobody reuses.
 - Tuning time: the public reference simulator needed 902 s to tune one 40 GB SWE-like setting on
-  2 cores (../shared/docs/MISSION.md); the "tuning s" column above is ours on that setting, the
-  shadow tuner's figure covering the whole replay (it never stops adapting).
-- Full-trace replay: one policy replays all of Mooncake in seconds on one core; the shadow tuner
-  multiplies the work by its grid size (6 shadow caches).
+  2 cores (../shared/docs/MISSION.md); the shadow tuners' figures cover the whole replay.
 
 ### Counting rules (issue 11) and what they moved
 
@@ -197,68 +270,35 @@ the earlier fed tokens), holds a working state slot while in flight, plans its b
 the tree as matched, and a request that does not fit is served without the cache and counts no
 hit. Bytes come from the layer specs, which count the conv state as runtimes keep it
 (d_conv - 1 columns; paper-7b 51,806,208 B per state instead of 52,297,728; Jamba-1.5-Mini
-16,056,320 instead of 16,515,072). Against the previous run of this file:
-
-- vllm+ fell at low and moderate capacity on SWE (paper-7b 5.72 -> 2.84, 20.47 -> 13.94,
-  52.76 -> 49.94; Jamba 5.39 -> 2.71, 18.02 -> 12.87): the old replayer counted the matched
-  prefix as a hit for requests it then served without the cache. Those are requests whose own
-  pinned path holds vllm+'s every-32 states, which LRU cannot evict from inner nodes, so their
-  KV never fits (161 of 1331 requests at 6.2 GB). Match rule and conv columns change nothing here
-  (measured: 2.84 with either rule and either conv count).
-- SWE capacities moved (19 -> 18, 50 -> 49, 1.8 -> 1.7, 5.3 -> 5.2 GB): they are fractions of a
-  footprint that counts one state per request, now smaller. The Jamba 1.7 GB row is lower than
-  the old 1.8 GB row because of that: at 1.8 GB with the old conv count the new lifecycle gives
-  91.87 with alpha 8, the old figure exactly; at 1.7 GB it gives 89.44.
-- Elsewhere cells moved by at most about 1.5 points, from the smaller states (more fit in the same
-  bytes: sharegpt paper-7b 4.8 GB sglang+ 51.83 -> 51.90, the same with the old conv count) and
-  from the tuners' replays now counting like the live cache (their chosen alphas changed in five
-  high-contention cells).
+16,056,320 instead of 16,515,072).
 """
 
 
-def mooncake_diagnosis(quick: bool) -> list[str]:
-    """Marconi's admission plus the last 512-aligned input position, on the Mooncake slice."""
-    from marconi.cache.admission import ADMISSION_POLICIES, MarconiAdmission, _last_multiple
-    from marconi.cache.prefix_cache import CacheConfig
-    from marconi.cache.presets import PRESETS, CachePreset
-
-    class WithBlockEnd(MarconiAdmission):
-        name = "marconi+block-end"
-
-        def prefill_positions(self, ctx):  # type: ignore[no-untyped-def]
-            block = _last_multiple(512, ctx.usable_len, ctx.input_len)
-            return tuple(sorted(set(self._branch(ctx) + block)))
-
-    if WithBlockEnd.name not in ADMISSION_POLICIES:
-        ADMISSION_POLICIES.register(WithBlockEnd.name)(WithBlockEnd)
-    cfg = CacheConfig(WithBlockEnd.name, {}, "flop-aware")
-    PRESETS[WithBlockEnd.name] = CachePreset(WithBlockEnd.name, cfg, False, "diagnosis only")
-    trace = load_trace("mooncake", limit=500 if quick else 3000)
-    lines = [
-        f"Mooncake, first {len(trace)} requests, paper-7b, 305 GB, alpha 0 (diagnosis only):",
-        "",
-        "| policy | token hit rate | states admitted |",
-        "|---|---|---|",
-    ]
-    for policy in ("sglang+", "marconi", WithBlockEnd.name, "vllm-0.32"):
-        res = simulate(trace, "paper-7b", SimSpec(policy, 305 * 10**9, alpha=0.0))
-        lines.append(f"| {policy} | {100 * res.token_hit_rate:.2f} | {res.states_admitted} |")
-    del PRESETS[WithBlockEnd.name]
-    return [*lines, ""]
+def _cpu() -> str:
+    """The CPU model (lscpu's "Model name"), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("docs/results.md"))
     ap.add_argument("--quick", action="store_true", help="a small smoke run")
+    ap.add_argument("--note", default="", help="what else ran on the machine during this run")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    tables, summary = results_tables(args.quick)
     body = [
         "# Simulator results",
         "",
         "Generated by `make bench-sim` (`benchmark/bench_sim.py`); every number below comes from"
         " that one run. Sequential replay (the paper's mode), shared KV + state budget.",
-        f"Machine: {platform.processor() or platform.machine()}, Python {sys.version.split()[0]}.",
+        f"Machine: {_cpu()}, Python {sys.version.split()[0]}. {args.note}",
         "",
         "## Replay throughput",
         "",
@@ -266,11 +306,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "## Alpha tuning time",
         "",
         *tuning_speed(args.quick),
+        "## Summary: ours against the best other column, per cell",
+        "",
+        "| trace | model | capacity | marconi | margin (points) | sglang+ -> oracle gap closed |",
+        "|---|---|---|---|---|---|",
+        *summary,
+        "",
         "## Hit rates",
         "",
-        *results_tables(args.quick),
+        *tables,
         NOTES,
-        *mooncake_diagnosis(args.quick),
+        "## What the admission learned",
+        "",
+        *learned_kinds(args.quick),
     ]
     body.append(f"Total benchmark time: {time.perf_counter() - t0:.0f} s.")
     args.out.parent.mkdir(parents=True, exist_ok=True)

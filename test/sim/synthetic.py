@@ -45,3 +45,32 @@ def one_off_docs_and_chats(
             chats[k] = np.concatenate([inp, outp[:-1]])
         out.append(Request(sid, i, t0 + i, inp, outp))
     return out
+
+
+def chat_sessions(
+    sessions: int = 8, turns: int = 6, seed: int = 2, prompt: int = 300, reply: int = 40
+) -> list[Request]:
+    """Interleaved multi-turn chats: turn k+1's prompt is turn k's prompt + its reply + a new
+    user message, so the next turn extends exactly the tokens turn k fed. Each round of turns
+    visits the sessions in a fresh random order."""
+    rng = np.random.default_rng(seed)
+    history = {s: _ids(rng, prompt, 0) for s in range(sessions)}
+    out = []
+    for t in range(turns):
+        for s in rng.permutation(sessions).tolist():
+            answer = _ids(rng, reply, 0)
+            out.append(Request(f"c{s}", t, float(len(out)), history[s], answer))
+            history[s] = np.concatenate([history[s], answer, _ids(rng, 30, 0)])
+    return out
+
+
+def small_cache(tokens: int, states: int, admission: str, eviction: str = "lru"):
+    """A paper-7b cache whose shared budget holds ``tokens`` tokens of KV + ``states`` states
+    (test/sim cannot import the top-level conftest in a whole-suite run)."""
+    from marconi.cache.cost import load_cost_model
+    from marconi.cache.pools import MemoryBudget
+    from marconi.cache.prefix_cache import CacheConfig, PrefixCache
+
+    cost = load_cost_model("paper-7b")
+    budget = MemoryBudget.shared(tokens * cost.kv_bytes_per_token + states * cost.state_bytes)
+    return PrefixCache(cost, budget, CacheConfig(admission, {}, eviction))

@@ -54,7 +54,7 @@ def test_marconi_admits_far_fewer_states_than_vllm_plus(sharegpt) -> None:
     assert marconi.state_reuse > vllm.state_reuse
 
 
-def _hit(trace, alpha, tuner="shadow", policy="marconi") -> tuple[float, list]:
+def _hit(trace, alpha, tuner="shadow", policy="marconi-paper") -> tuple[float, list]:
     spec = SimSpec(policy=policy, capacity_bytes=10**9, alpha=alpha, tuner=tuner, workers=1)
     res = simulate(trace, COST, spec)
     return res.token_hit_rate, res.alpha_history

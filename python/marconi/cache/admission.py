@@ -8,9 +8,12 @@ is offered to the tree on insert; positions are absolute (prefix lengths).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from marconi.registry import Registry
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class AdmissionContext(NamedTuple):
@@ -44,6 +47,17 @@ class AdmissionPolicy(ABC):
     ``(usable_len, input_len]`` for prefill and ``(input_len, seq_len]`` for decode."""
 
     name: ClassVar[str]
+    #: whether the policy learns from what requests reuse (then the cache calls ``observe_*``)
+    learns: ClassVar[bool] = False
+
+    def observe_prefill(  # noqa: B027 - optional hook
+        self, tokens: np.ndarray, cached_len: int, usable_len: int
+    ) -> None:
+        """A request with input ``tokens`` matched ``cached_len`` tokens of KV and resumes from
+        ``usable_len``; called before ``prefill_positions`` for it."""
+
+    def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:  # noqa: B027
+        """A request whose first ``input_len`` tokens were its input inserts ``tokens``."""
 
     @abstractmethod
     def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]: ...

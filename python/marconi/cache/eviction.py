@@ -29,6 +29,8 @@ class CandidateInfo(NamedTuple):
     last_access: int
     bytes_freed: int
     flops_lost: float  # prefill FLOPs a future hit on this node would have saved
+    kind: int = 0  # a class id, for policies that learn per class (``EvictionPolicy.describe``)
+    tokens: int = 0  # prefix tokens a hit on this node gives (0: it cannot be hit)
 
     @property
     def flop_efficiency(self) -> float:
@@ -46,6 +48,25 @@ class EvictionPolicy(ABC):
     needs_fit: ClassVar[bool] = False
     #: whether ``priority`` reads bytes and FLOPs (else only ``last_access`` is filled in)
     needs_cost: ClassVar[bool] = True
+    #: whether the policy learns from hits and evictions (then the cache calls ``record``)
+    learns: ClassVar[bool] = False
+    #: refit after this fraction of the nodes has been popped (``needs_fit`` policies)
+    refit_fraction: ClassVar[float] = 0.5
+    #: whether the policy takes a tunable weight ``alpha`` (then tuners search ``alpha_grid``)
+    has_alpha: ClassVar[bool] = False
+    alpha_grid: ClassVar[tuple[float, ...]] = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+    def kind(self, node: Node) -> int:
+        """The class of a candidate, for policies that learn per class (``CandidateInfo.kind``)."""
+        return 0
+
+    def record(self, info: CandidateInfo, now: int, hit: bool) -> None:  # noqa: B027 - optional
+        """A node described by ``info`` was hit (``hit``) or evicted at clock ``now``."""
+
+    def stale(self, now: int) -> bool:
+        """Whether priorities computed at the last ``fit`` are outdated at clock ``now`` (for
+        policies whose priorities change with age); the index then refits before popping."""
+        return False
 
     def fit(self, infos: Sequence[CandidateInfo]) -> None:  # noqa: B027 - optional hook
         """Refit normalisers over the current candidates (called once per epoch)."""
@@ -77,6 +98,7 @@ class FlopAware(EvictionPolicy):
     name = "flop-aware"
     single_child = True
     needs_fit = True
+    has_alpha = True
 
     def __init__(self, alpha: float = 0.0) -> None:
         self.alpha = float(alpha)
@@ -115,9 +137,8 @@ class EvictionIndex:
         """Invalidate ``node``'s entries and push a fresh one if it is a candidate now."""
         node.version += 1
         if self.tree.is_candidate(node, self.policy.single_child):
-            info = (
-                self.info(node) if self.policy.needs_cost else CandidateInfo(node.last_access, 0, 0)
-            )
+            full = self.policy.needs_cost or self.policy.learns
+            info = self.info(node) if full else CandidateInfo(node.last_access, 0, 0)
             prio = self.policy.priority(info)
             heapq.heappush(self._heap, (prio, next(self._seq), node.version, node))
             if len(self._heap) > 4 * len(self.tree.nodes) + 1024:
@@ -139,7 +160,10 @@ class EvictionIndex:
 
     def pop(self) -> Node | None:
         """The lowest-priority evictable node (removed from the heap), or None."""
-        if self.policy.needs_fit and self._pops_since_fit > max(16, len(self.tree.nodes) // 2):
+        refit = max(16, int(len(self.tree.nodes) * self.policy.refit_fraction))
+        if self.policy.needs_fit and (
+            self._pops_since_fit > refit or self.policy.stale(self.tree.clock)
+        ):
             self.rebuild()
         single = self.policy.single_child
         while self._heap:

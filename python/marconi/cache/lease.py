@@ -228,7 +228,8 @@ class Leases:
             else:
                 cache.free_state(lease.working)
         if lease.pages is not None or states:  # a pure-SSM sequence without states adds nothing
-            cache.insert(fed_tokens, lease.pages, states)  # frees pages past seq_len
+            # frees pages past seq_len; input_len lets a learning admission see the decoded part
+            cache.insert(fed_tokens, lease.pages, states, input_len=lease.input_len)
         cache.unlock(lease.match.node)
         lease.captures.clear()
         if self.on_finish is not None:

@@ -17,6 +17,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from marconi.cache import (  # noqa: F401 - register the learned policies
+    admission_learned,
+    eviction_learned,
+)
 from marconi.cache.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy
 from marconi.cache.eviction import EVICTION_POLICIES, CandidateInfo, EvictionIndex
 from marconi.cache.node import EvictResult, InsertResult, MatchResult, Node, SizeInfo
@@ -54,8 +58,9 @@ class CacheConfig:
         return ADMISSION_POLICIES.create(self.admission, **dict(self.admission_args))
 
     def make_eviction(self) -> EvictionPolicy:
-        kwargs = {"alpha": self.alpha} if self.eviction == "flop-aware" else {}
-        return EVICTION_POLICIES.create(self.eviction, **kwargs)
+        factory = EVICTION_POLICIES.get(self.eviction)
+        kwargs = {"alpha": self.alpha} if getattr(factory, "has_alpha", False) else {}
+        return factory(**kwargs)
 
 
 @dataclass
@@ -89,9 +94,17 @@ class PrefixCache:
         self.tree = RadixTree(self.pools, page_size=self.page_size, has_ssm=cost.has_ssm)
         self.index = EvictionIndex(self.tree, self.eviction, self._candidate_info)
         self.tree.on_change = self.index.changed
+        self._listen()
         self.kv_in_flight = 0
         self.states_in_flight = 0
         self.stats = CacheStats()
+
+    def _listen(self) -> None:
+        """Feed hits to a learning eviction policy (evictions are fed by ``evict``)."""
+        if self.eviction.learns:
+            self.tree.on_hit = lambda node: self.eviction.record(
+                self._candidate_info(node), self.tree.clock, True
+            )
 
     # ------------------------------------------------------------------ lookups
     def match(self, tokens: np.ndarray) -> MatchResult:
@@ -110,6 +123,8 @@ class PrefixCache:
         """Positions where this request's prefill should capture a state (admission policy)."""
         if self.pools.state is None:
             return ()
+        if self.admission.learns:
+            self.admission.observe_prefill(tokens, match.kv_len, match.usable_len)
         ctx = AdmissionContext(len(tokens), match.usable_len, self.branch_point(tokens))
         return self.admission.prefill_positions(ctx)
 
@@ -188,10 +203,17 @@ class PrefixCache:
         self.states_in_flight -= 1
 
     def insert(
-        self, tokens: np.ndarray, kv: np.ndarray | None, states: Mapping[int, int] | None = None
+        self,
+        tokens: np.ndarray,
+        kv: np.ndarray | None,
+        states: Mapping[int, int] | None = None,
+        input_len: int | None = None,
     ) -> InsertResult:
         """Insert a finished (or paused) sequence; the request gives up ``kv`` and ``states``
-        (see the ownership table of ``RadixTree.insert``)."""
+        (see the ownership table of ``RadixTree.insert``). ``input_len`` (the request's prompt
+        length, if known) lets a learning admission policy see what the request decoded."""
+        if input_len is not None and self.admission.learns and self.pools.state is not None:
+            self.admission.observe_insert(tokens, input_len)
         states = dict(states or {})
         result = self.tree.insert(tokens, kv, states)
         self.kv_in_flight -= 0 if kv is None else len(kv) - result.kv_reused
@@ -215,6 +237,8 @@ class PrefixCache:
             if not self._helps(node, kv_slots, state_slots, nbytes):
                 skipped.append(node)
                 continue
+            if self.eviction.learns:
+                self.eviction.record(self._candidate_info(node), self.tree.clock, False)
             for i, v in enumerate(self.tree.evict_node(node)):
                 freed[i] += v
         for node in skipped:
@@ -263,8 +287,13 @@ class PrefixCache:
             kv_slot_bytes = 0 if self.pools.kv is None else self.pools.kv.slot_bytes
             nbytes = state_bytes + (0 if node.kv is None else len(node.kv) * kv_slot_bytes)
         hit_possible = node.state is not None or not self.cost.has_ssm
-        flops = self.cost.prefill_flops(node.end, node.start) if hit_possible else 0.0
-        return CandidateInfo(node.last_access, nbytes, float(flops))
+        policy = self.eviction
+        flops = 0.0
+        if hit_possible and policy.needs_cost:
+            flops = float(self.cost.prefill_flops(node.end, node.start))
+        return CandidateInfo(
+            node.last_access, nbytes, flops, policy.kind(node), node.end if hit_possible else 0
+        )
 
     # ------------------------------------------------------------------ accounting
     def size_info(self) -> SizeInfo:
@@ -338,6 +367,7 @@ def clone_cache(cache: PrefixCache) -> PrefixCache:
     new.tree = tree
     new.index = EvictionIndex(tree, new.eviction, new._candidate_info)
     tree.on_change = new.index.changed
+    new._listen()
     new.index.rebuild()
     return new
 

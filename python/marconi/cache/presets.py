@@ -1,12 +1,16 @@
 """Named cache presets, used everywhere (CLI, engine, plots).
 
-| preset       | admission                               | eviction            | page |
-|--------------|-----------------------------------------|---------------------|------|
-| vllm+        | a state every 32 tokens                 | LRU                 | 32   |
-| sglang+      | Marconi's (branch point + last decoded) | LRU                 | 1    |
-| marconi      | Marconi's                               | FLOP-aware, tuned   | 1    |
-| sglang-0.5   | last 256-aligned position + branch      | LRU                 | 1    |
-| vllm-0.32    | 512-aligned replay point + junctions    | LRU                 | 512  |
+| preset        | admission                                  | eviction               | page |
+|---------------|--------------------------------------------|------------------------|------|
+| vllm+         | a state every 32 tokens                    | LRU                    | 32   |
+| sglang+       | the paper's (branch point + last decoded)  | LRU                    | 1    |
+| marconi       | branch point + learned kinds (ghosts)      | hit density, tuned     | 1    |
+| marconi-paper | the paper's                                | FLOP-aware, tuned      | 1    |
+| sglang-0.5    | last 256-aligned position + branch         | LRU                    | 1    |
+| vllm-0.32     | 512-aligned replay point + junctions       | LRU                    | 512  |
+
+``marconi`` is ours (docs/admission.md); ``marconi-paper`` is the paper's design with our
+shadow-cache alpha tuner.
 """
 
 from __future__ import annotations
@@ -41,9 +45,17 @@ PRESETS: dict[str, CachePreset] = {
         ),
         CachePreset(
             "marconi",
+            CacheConfig("learned", {}, "hit-density"),
+            True,
+            "Marconi, ours: branch point + the candidate kinds that get reused (learned from"
+            " ghost entries) + hit-density eviction with a tuned value weight",
+        ),
+        CachePreset(
+            "marconi-paper",
             CacheConfig("marconi", {}, "flop-aware"),
             True,
-            "Marconi: judicious admission + FLOP-aware eviction with tuned alpha",
+            "Marconi as in the paper: branch point + last decoded, FLOP-aware eviction with"
+            " tuned alpha",
         ),
         CachePreset(
             "sglang-0.5",

@@ -43,6 +43,8 @@ class RadixTree:
 
     ``on_change(node)`` is called whenever a node's eviction candidacy or priority inputs may have
     changed (access time, children, state, lock); the eviction index listens to it.
+    ``on_hit(node)`` is called when ``match`` is about to use ``node`` (before its access time is
+    refreshed); learning eviction policies count hits by the node's age with it.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class RadixTree:
         self.page_size = page_size
         self.has_ssm = has_ssm
         self.on_change = on_change or (lambda node: None)
+        self.on_hit: Callable[[Node], None] = lambda node: None
         self.root = Node(None, _EMPTY, _EMPTY_KV if pools.kv is not None else None, 0, 0)
         self.root.lock = 1  # the root is never evicted
         self.nodes: dict[int, Node] = {}
@@ -116,6 +119,7 @@ class RadixTree:
                 parts.append(handle.kv[:cut])
             kv = np.concatenate(parts) if parts else _EMPTY_KV
         if handle is not self.root:
+            self.on_hit(handle)
             handle.last_access = self.clock
             handle.hits += 1
             self.on_change(handle)

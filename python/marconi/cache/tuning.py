@@ -22,11 +22,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from marconi.cache.lease import Leases
+from marconi.cache.eviction import EvictionPolicy
 from marconi.cache.prefix_cache import PrefixCache, clone_cache
 from marconi.registry import Registry
 
@@ -47,7 +48,7 @@ def replay_fed(cache: PrefixCache, items: Sequence[FedRequest]) -> int:
     return hits
 
 
-DEFAULT_GRID = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+DEFAULT_GRID = EvictionPolicy.alpha_grid  # FLOP-aware; a policy may declare its own
 
 _JOB: tuple[PrefixCache, Sequence[Any], ReplayFn] | None = None  # inherited by forked workers
 
@@ -92,14 +93,14 @@ class AlphaTuner(ABC):
         self,
         cache: PrefixCache,
         replay: ReplayFn = replay_fed,
-        grid: Sequence[float] = DEFAULT_GRID,
+        grid: Sequence[float] | None = None,
         workers: int = 0,
     ) -> None:
         if cache.alpha is None:
-            raise ValueError("alpha tuning needs the flop-aware eviction policy")
+            raise ValueError("alpha tuning needs an eviction policy with an alpha")
         self.cache = cache
         self.replay = replay
-        self.grid = tuple(grid)
+        self.grid = tuple(grid if grid is not None else cache.eviction.alpha_grid)
         self.workers = workers
         self.history: list[tuple[int, float]] = [(0, float(cache.alpha))]
         self.tuning_s = 0.0
@@ -163,23 +164,30 @@ class PaperTuner(AlphaTuner):
 class ShadowTuner(AlphaTuner):
     """Ours: one shadow cache per alpha of the grid (same budget, byte counts only) is fed every
     request; every ``window`` requests, the real cache switches to the alpha whose shadow has the
-    best hit score, decayed by ``decay`` per window, if it beats the current alpha's shadow by
-    ``margin`` (a fraction). Each shadow measures its alpha's long-run behaviour on the live
-    workload (not a short what-if from the current contents), so the choice tracks the best fixed
-    alpha in hindsight and follows the workload when it shifts."""
+    best hit score, decayed by ``decay`` per window, once it has beaten the current alpha's
+    shadow by ``margin`` (a fraction) for ``patience`` windows in a row (an eviction policy may
+    set its own defaults: ``tuner_hints``). Each shadow measures its alpha's long-run behaviour
+    on the live workload (not a short what-if from the current contents), so the choice tracks
+    the best fixed alpha in hindsight and follows the workload when it shifts."""
 
     name = "shadow"
 
-    def __init__(
-        self,
-        *args: Any,
-        window: int = 64,
-        decay: float = 0.8,
-        margin: float = 0.005,
-        **kwargs: Any,
-    ) -> None:
+    #: settings when neither the caller nor the eviction policy (``tuner_hints``) gives them
+    DEFAULTS: ClassVar[dict[str, float]] = {
+        "window": 64,
+        "decay": 0.8,
+        "margin": 0.005,
+        "patience": 1,
+    }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        opts = {k: kwargs.pop(k) for k in list(kwargs) if k in self.DEFAULTS}
         super().__init__(*args, **kwargs)
-        self.window, self.decay, self.margin = window, decay, margin
+        hints = getattr(self.cache.eviction, "tuner_hints", {})
+        cfg = {**self.DEFAULTS, **hints, **opts}
+        self.window, self.patience = int(cfg["window"]), int(cfg["patience"])
+        self.decay, self.margin = float(cfg["decay"]), float(cfg["margin"])
+        self._leads: tuple[int, int] = (-1, 0)  # (index of the leading alpha, windows in a row)
         self.shadows = []
         for alpha in self.grid:
             shadow = clone_cache(self.cache)
@@ -201,4 +209,9 @@ class ShadowTuner(AlphaTuner):
         cur = self.grid.index(self.cache.alpha) if self.cache.alpha in self.grid else 0
         best = max(range(len(self.grid)), key=lambda i: (self.totals[i], -i))
         if self.totals[best] > self.totals[cur] * (1 + self.margin):
-            self._set(self.grid[best])
+            lead, n = self._leads
+            self._leads = (best, n + 1 if lead == best else 1)
+            if self._leads[1] >= self.patience:
+                self._set(self.grid[best])
+        else:
+            self._leads = (-1, 0)

@@ -18,7 +18,7 @@ from marconi.cache.presets import PRESETS
 from marconi.cache.tuning import TUNERS
 from marconi.sim.latency import PROFILES
 from marconi.sim.simulate import SimSpec, parse_bytes, simulate
-from marconi.sim.traces import load_trace
+from marconi.sim.trace_variants import load_variant, parse_variant
 from marconi.units import AUTO, parse_alpha
 
 _DEFAULT = SimSpec()
@@ -29,7 +29,9 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         "--trace",
         action="append",
         required=True,
-        help="mooncake, sharegpt, swe, or a path to a .jsonl[.xz] trace (repeatable for sweep)",
+        help="mooncake, sharegpt, swe, or a path to a .jsonl[.xz] trace, optionally with a variant"
+        " (sharegpt+reasoning:share=0.5, swe+retokenized; marconi.sim.trace_variants); repeatable"
+        " for sweep",
     )
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--num-sessions", type=int, default=100, help="sharegpt/swe sessions to load")
@@ -69,11 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(spec: str, args: argparse.Namespace):
     kw: dict[str, object] = {}
-    if spec == "mooncake":
+    base = parse_variant(spec)[0]
+    if base == "mooncake":
         kw["limit"] = args.limit
-    elif spec in ("sharegpt", "swe"):
+    elif base in ("sharegpt", "swe"):
         kw["num_sessions"] = args.num_sessions
-    trace = load_trace(spec, **kw)
+    trace = load_variant(spec, **kw)
     return trace[: args.limit] if args.limit else trace
 
 

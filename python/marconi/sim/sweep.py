@@ -47,8 +47,9 @@ class Variant:
 DEFAULT_VARIANTS = (
     Variant("vllm+", "vllm+"),
     Variant("sglang+", "sglang+"),
-    Variant("marconi (paper tuning)", "marconi", tuner="paper"),
-    Variant("marconi (our tuning)", "marconi", tuner="shadow"),
+    Variant("marconi-paper (paper tuning)", "marconi-paper", tuner="paper"),
+    Variant("marconi-paper (our tuning)", "marconi-paper", tuner="shadow"),
+    Variant("marconi", "marconi"),
     Variant("sglang-0.5", "sglang-0.5"),
     Variant("vllm-0.32", "vllm-0.32"),
 )

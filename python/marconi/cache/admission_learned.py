@@ -1,0 +1,208 @@
+"""Admission that learns which candidate positions get reused, from ghost entries.
+
+The paper's taxonomy bets that a later request either shares a purely-input prefix (found by
+speculative insertion: the branch point) or extends *exactly* the tokens this one fed (the state
+after the last decoded token). Real traffic breaks the second bet often: a reasoning model's
+history drops the ``<think>`` part, a client re-tokenises the reply from text, a production
+trace repeats the previous turn's input blocks but not its output, a user sends the same prompt
+again. So every request proposes a few more candidate positions (``Kind``) and the policy
+admits the kinds that pay on this workload:
+
+* Each proposal, admitted or not, leaves a **ghost**: a fingerprint of the prefix at that
+  position and the kinds that proposed it (a bounded FIFO table, as ARC / TinyLFU ghost lists).
+* When a request arrives, the deepest ghost at or below its cached prefix (and at or above the
+  prefix it resumes from) is where a state of that kind would have served it: each kind of
+  that ghost is credited the prefix length (would-be hit tokens).
+* A kind is admitted while its decayed yield (credited tokens per proposal) is at least
+  ``threshold`` times the best kind's. Ghosts are kept for disabled kinds too, so a kind comes
+  back when the workload starts to reuse it. Before any credit, ``PRIOR`` holds (the last
+  decoded token and one token before the prompt end).
+
+The branch point is always admitted (speculative insertion only finds real sharing). Bound:
+at most ``1 + len(Kind)`` = 6 new states per request (branch + one per kind), usually 1-2.
+Fingerprints cover the position and the 16 tokens before it, so two prefixes can collide; a
+collision only skews the statistics, never what a request is served (the tree checks tokens).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from enum import IntEnum
+
+import numpy as np
+
+from marconi.cache.admission import (
+    ADMISSION_POLICIES,
+    AdmissionContext,
+    AdmissionPolicy,
+    _decode_multiples,
+)
+
+_FP_TOKENS = 16
+
+
+class Kind(IntEnum):
+    """Candidate positions a request proposes, besides the branch point."""
+
+    RESEND = 0  # input_len - 1: where an identical prompt sent again resumes
+    PROMPT_END = 1  # input_len: the next turn keeps the prompt but not the reply as fed
+    ALIGNED_INPUT = 2  # the last block-aligned position of the input (block-granular reuse)
+    DECODED = 3  # seq_len: the next turn extends exactly the tokens fed (the paper's bet)
+    ALIGNED_DECODE = 4  # the last block-aligned position of the decoded part
+
+
+_PREFILL_KINDS = (Kind.RESEND, Kind.PROMPT_END, Kind.ALIGNED_INPUT)
+_DECODE_KINDS = (Kind.DECODED, Kind.ALIGNED_DECODE)
+
+
+def _fingerprint(tokens: np.ndarray, pos: int) -> int:
+    return hash((pos, tokens[max(0, pos - _FP_TOKENS) : pos].tobytes()))
+
+
+def _aligned(block: int, lo: int, hi: int) -> int | None:
+    """The largest multiple of ``block`` in ``(lo, hi]``, if any."""
+    last = hi - hi % block
+    return last if last > lo else None
+
+
+class GhostTable:
+    """Bounded FIFO of ghost entries: fingerprint -> (position, bitmask of kinds)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: dict[int, list[int]] = {}  # fingerprint -> [position, mask]
+        self._order: deque[int] = deque()
+        self._positions: list[int] = []  # sorted, one per entry
+
+    def add(self, fp: int, pos: int, kind: Kind) -> None:
+        entry = self.entries.get(fp)
+        if entry is not None:
+            entry[1] |= 1 << kind
+            return
+        self.entries[fp] = [pos, 1 << kind]
+        self._order.append(fp)
+        bisect.insort(self._positions, pos)
+        if len(self.entries) > self.capacity:
+            old_pos, _ = self.entries.pop(self._order.popleft())
+            del self._positions[bisect.bisect_left(self._positions, old_pos)]
+
+    def deepest(self, tokens: np.ndarray, lo: int, hi: int, tries: int) -> tuple[int, int] | None:
+        """The deepest ghost ``(position, mask)`` on ``tokens`` at a position in ``[lo, hi]``,
+        trying at most ``tries`` distinct positions (deepest first)."""
+        i = bisect.bisect_right(self._positions, hi)
+        last = -1
+        while i > 0 and tries > 0:
+            i -= 1
+            pos = self._positions[i]
+            if pos < max(lo, 1):
+                break
+            if pos == last:
+                continue
+            last, tries = pos, tries - 1
+            entry = self.entries.get(_fingerprint(tokens, pos))
+            if entry is not None and entry[0] == pos:
+                return pos, entry[1]
+        return None
+
+
+@ADMISSION_POLICIES.register("learned")
+class GhostAdmission(AdmissionPolicy):
+    """Branch point + the candidate kinds whose ghosts show reuse (see the module doc)."""
+
+    name = "learned"
+    learns = True
+    #: admitted before any ghost has been credited: the paper's last decoded token (a next turn
+    #: that extends the fed tokens exactly) and the state one token before the prompt end (an
+    #: identical prompt sent again resumes from all but its last token; a next turn that
+    #: re-renders the reply resumes from the prompt), so a fresh server's second turn hits
+    PRIOR = (Kind.RESEND, Kind.DECODED)
+
+    def __init__(
+        self,
+        block: int = 512,
+        threshold: float = 0.2,
+        ghosts: int = 8192,
+        half_life: int = 1024,
+        tries: int = 32,
+    ) -> None:
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.block, self.threshold, self.tries, self.half_life = block, threshold, tries, half_life
+        self.ghosts = GhostTable(ghosts)
+        self.proposals = np.zeros(len(Kind))
+        self.credit = np.zeros(len(Kind))
+        self.enabled = set(self.PRIOR)
+        self._events = 0
+
+    # -------------------------------------------------------------- learning
+    def observe_prefill(self, tokens: np.ndarray, cached_len: int, usable_len: int) -> None:
+        hit = self.ghosts.deepest(tokens, usable_len, min(cached_len, len(tokens)), self.tries)
+        if hit is not None:
+            pos, mask = hit
+            for k in Kind:
+                if mask >> k & 1:
+                    self.credit[k] += pos
+        n = len(tokens)
+        self._propose(tokens, Kind.RESEND, n - 1 if n > 1 else None)
+        self._propose(tokens, Kind.PROMPT_END, n)
+        self._propose(tokens, Kind.ALIGNED_INPUT, _aligned(self.block, 0, n))
+        self._update()
+
+    def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:
+        n = len(tokens)
+        if n <= input_len:
+            return
+        self._propose(tokens, Kind.DECODED, n)
+        self._propose(tokens, Kind.ALIGNED_DECODE, _aligned(self.block, input_len, n))
+
+    def _propose(self, tokens: np.ndarray, kind: Kind, pos: int | None) -> None:
+        if pos is None or pos < 1:
+            return
+        self.proposals[kind] += 1
+        self.ghosts.add(_fingerprint(tokens, pos), pos, kind)
+
+    def _update(self) -> None:
+        self._events += 1
+        if self._events % self.half_life == 0:
+            self.proposals *= 0.5
+            self.credit *= 0.5
+        if not self.credit.any():
+            return
+        yields = self.credit / np.maximum(self.proposals, 1.0)
+        bar = self.threshold * yields.max()
+        self.enabled = {k for k in Kind if yields[k] > 0 and yields[k] >= bar}
+
+    def yields(self) -> dict[str, float]:
+        """Credited tokens per proposal, per kind (for reports)."""
+        y = self.credit / np.maximum(self.proposals, 1.0)
+        return {k.name.lower(): float(y[k]) for k in Kind}
+
+    # -------------------------------------------------------------- decisions
+    def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]:
+        n, lo = ctx.input_len, ctx.usable_len
+        picks = {
+            Kind.RESEND: n - 1,
+            Kind.PROMPT_END: n,
+            Kind.ALIGNED_INPUT: _aligned(self.block, lo, n),
+        }
+        out = set(self._branch(ctx))
+        out.update(p for k, p in picks.items() if k in self.enabled and p is not None and p > lo)
+        return tuple(sorted(out))
+
+    def decode_positions(self, input_len: int, seq_len: int) -> tuple[int, ...]:
+        if seq_len <= input_len:
+            return ()
+        out = set()
+        if Kind.DECODED in self.enabled:
+            out.add(seq_len)
+        if Kind.ALIGNED_DECODE in self.enabled:
+            aligned = _aligned(self.block, input_len, seq_len)
+            if aligned is not None:
+                out.add(aligned)
+        return tuple(sorted(out))
+
+    def capture_points(self, input_len: int, lo: int, hi: int) -> tuple[int, ...]:
+        if Kind.ALIGNED_DECODE not in self.enabled:
+            return ()  # the decoded state is the working one (no copy during decode)
+        return _decode_multiples(self.block, input_len, lo, hi)

@@ -1,0 +1,67 @@
+"""Hit-density eviction: the density estimate, what it learns on chat traffic, accounting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from marconi.cache import eviction_learned as el
+from marconi.cache.prefix_cache import clone_cache
+from marconi.sim.replay import Replayer
+from synthetic import chat_sessions, small_cache
+
+
+def test_hit_density_is_hits_over_remaining_lifetime() -> None:
+    hits = np.zeros(el._BINS)
+    ends = np.zeros(el._BINS)
+    b = int(el._age_bin(100))
+    hits[b] = ends[b] = 4  # four lifetimes, each ending in a hit at age ~100
+    ends[0] = 4  # four evicted at age 0
+    d = el.hit_density(hits, ends)
+    age = el._BIN_AGE[b]
+    assert d[b] == pytest.approx(4 / 4)  # at the hit's age: one hit per tick left
+    assert d[0] == pytest.approx(4 / (4 * (age + 1) + 4 * 1))
+    assert d[b + 1] == 0.0  # nothing ever hits later
+
+
+def test_bins_are_monotone_and_scalar_matches_vector() -> None:
+    ages = np.array([0, 1, 2, 3, 7, 100, 10**6])
+    bins = el._age_bin(ages)
+    assert list(bins) == sorted(bins)
+    assert [el._bin_of(int(a)) for a in ages] == list(bins)
+
+
+def _chat_cache(eviction: str = "hit-density"):
+    # room for about half of the sessions: evictions every turn
+    cache = small_cache(6000, 10, "marconi", eviction)
+    rp = Replayer(cache)
+    for req in chat_sessions(sessions=10, turns=12):
+        rp.serve(req)
+        cache.check_integrity(deep=True)
+    return cache, rp.hit_tokens
+
+
+def test_chat_learns_that_a_continued_state_is_dead() -> None:
+    cache, _ = _chat_cache()
+    policy = cache.eviction
+    inner_hit_once = el._HIT_BUCKETS * 0 + 1  # inner node, hit once
+    tip = el._HIT_BUCKETS  # leaf, never hit
+    assert policy.ends[inner_hit_once].sum() > 0
+    for age in (1, 8, 24):
+        assert policy.density(inner_hit_once, age) < policy.density(tip, age)
+
+
+def test_beats_lru_on_chat_under_contention() -> None:
+    _, learned = _chat_cache()
+    _, lru = _chat_cache("lru")
+    assert learned > lru
+
+
+def test_clone_keeps_its_own_learning() -> None:
+    cache, _ = _chat_cache()
+    copy = clone_cache(cache)
+    copy.check_integrity(deep=True)
+    before = cache.eviction.ends.sum()
+    leaf = next(n for n in copy.tree.iter_nodes() if n.state is not None)
+    copy.tree.on_hit(leaf)
+    assert copy.eviction.ends.sum() == before + 1
+    assert cache.eviction.ends.sum() == before
