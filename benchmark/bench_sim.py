@@ -260,7 +260,7 @@ NOTES = """\
 - Tuning time: the public reference simulator needed 902 s to tune one 40 GB SWE-like setting on
   2 cores (../shared/docs/MISSION.md); the shadow tuners' figures cover the whole replay.
 
-### Counting rules (issue 11) and what they moved
+### Counting rules (issue 11)
 
 Every replay runs the engine's lifecycle (`marconi.cache.lease.Leases`, checked against the
 engine step by step in `test/cache/test_lifecycle.py`): a request resumes from a prefix of its

@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from marconi.cache.lease import Leases
 from marconi.cache.eviction import EvictionPolicy
+from marconi.cache.lease import Leases
 from marconi.cache.prefix_cache import PrefixCache, clone_cache
 from marconi.registry import Registry
 
