@@ -140,10 +140,10 @@ def test_cli_reports_bad_arguments_clearly(capsys) -> None:
 @needs_traces
 def test_cli_sweep_writes_a_csv_and_the_plots(tmp_path, capsys) -> None:
     argv = ["sweep", "--trace", "sharegpt", "--num-sessions", "4", "--capacity", "1GB"]
-    argv += ["--capacity", "4GB", "--policy", "sglang+", "--policy", "marconi"]
+    argv += ["--capacity", "4GB", "--policy", "sglang+", "--policy", "marconi-paper"]
     assert main([*argv, "--out", str(tmp_path)]) == 0
     rows = (tmp_path / "sweep.csv").read_text().splitlines()
     assert rows[0].startswith("trace,model,policy,label")
-    assert len(rows) == 1 + 2 * 3  # 2 capacities x (sglang+, marconi x 2 tuners)
+    assert len(rows) == 1 + 2 * 3  # 2 capacities x (sglang+, marconi-paper x 2 tuners)
     for png in ("hit_vs_capacity_sharegpt.png", "hit_by_length_sharegpt.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
