@@ -186,13 +186,17 @@ class OracleCache(PrefixCache):
         return self._wanted(max(lo - 1, input_len), hi - 1)  # p in [lo, hi) is captured at p
 
     def insert(
-        self, tokens: np.ndarray, kv: np.ndarray | None, states: dict[int, int] | None = None
+        self,
+        tokens: np.ndarray,
+        kv: np.ndarray | None,
+        states: dict[int, int] | None = None,
+        input_len: int | None = None,
     ) -> InsertResult:
         """``PrefixCache.insert``, remembering which prefix each offered state checkpoints."""
         for p, slot in (states or {}).items():
             if p in self._plan:
                 self._slot_key[slot] = self._plan[p]
-        return super().insert(tokens, kv, states)
+        return super().insert(tokens, kv, states, input_len)
 
     # -------------------------------------------------------------- eviction
     def next_use(self, node: Node) -> int:
