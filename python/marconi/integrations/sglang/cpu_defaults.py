@@ -19,8 +19,10 @@ Anything the user set explicitly is left alone.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from marconi.integrations.sglang.cpu_binding import sglang_has_mamba_kernels
@@ -32,9 +34,6 @@ CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
 
 
 def _checkpoint_dtype(model_path: str | None) -> str | None:
-    import json
-    from pathlib import Path
-
     cfg = Path(model_path or "") / "config.json"
     if not cfg.is_file():
         return None
@@ -42,9 +41,13 @@ def _checkpoint_dtype(model_path: str | None) -> str | None:
     return data.get("torch_dtype") or data.get("dtype")
 
 
+def _serving_on_cpu(args: Any) -> bool:
+    return getattr(args, "device", None) == "cpu" and not sglang_has_mamba_kernels()
+
+
 def cpu_choices(args: Any) -> dict[str, Any]:
     """The settings to change on ``args`` (a ServerArgs), empty unless serving on a CPU."""
-    if getattr(args, "device", None) != "cpu" or sglang_has_mamba_kernels():
+    if not _serving_on_cpu(args):
         return {}
     out: dict[str, Any] = {}
     if args.attention_backend is None:
@@ -63,7 +66,7 @@ def apply_cpu_defaults(args: Any, *rest: Any, **kwargs: Any) -> None:
     choices = cpu_choices(args)
     for name, value in choices.items():
         setattr(args, name, value)
-    if choices.get("dtype", args.dtype) == "float32" and getattr(args, "device", None) == "cpu":
+    if args.dtype == "float32" and _serving_on_cpu(args):
         os.environ.setdefault(CONV_DTYPE_ENV, "float32")
     if choices:
         shown = ", ".join(f"{k}={v!r}" for k, v in choices.items())

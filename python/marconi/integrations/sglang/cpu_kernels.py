@@ -45,6 +45,37 @@ def _activate(x: torch.Tensor, activation: str | bool | None) -> torch.Tensor:
     raise NotImplementedError(f"causal conv activation {activation!r}")
 
 
+def _rows(
+    indices: torch.Tensor | None, n: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pool slot of each of ``n`` batch rows, mask of the rows that have one: not padding)."""
+    idx = torch.arange(n, device=device) if indices is None else indices.long()
+    return idx, idx != PAD_SLOT_ID
+
+
+def _gather(
+    pool: torch.Tensor, idx: torch.Tensor, live: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The rows' states from ``pool`` in ``dtype`` (zeros for padded rows)."""
+    rows = torch.zeros(idx.shape[0], *pool.shape[1:], dtype=dtype, device=pool.device)
+    rows[live] = pool[idx[live]].to(dtype)
+    return rows
+
+
+def _time_step(
+    dt: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    softplus: bool,
+    limit: tuple[float, float] = (0.0, float("inf")),
+) -> torch.Tensor:
+    """dt in fp32 after the bias, the softplus and the clamp SGLang's kernels apply."""
+    dt = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
+    if softplus:
+        dt = F.softplus(dt)
+    lo, hi = limit
+    return dt.clamp(min=lo, max=hi) if lo > 0.0 or hi != float("inf") else dt
+
+
 def _seq_bounds(query_start_loc: torch.Tensor) -> list[tuple[int, int]]:
     qsl = query_start_loc.tolist()
     return list(itertools.pairwise(qsl))
@@ -96,14 +127,8 @@ def causal_conv1d_update(
     _reject(unsupported)
     if x.dim() != 2:
         raise NotImplementedError("causal_conv1d_update on CPU: one token per request only")
-    idx = (
-        torch.arange(x.shape[0], device=x.device)
-        if conv_state_indices is None
-        else conv_state_indices.long()
-    )
-    live = idx != PAD_SLOT_ID
-    state = torch.zeros(x.shape[0], *conv_state.shape[1:], dtype=x.dtype, device=x.device)
-    state[live] = conv_state[idx[live]].to(x.dtype)
+    idx, live = _rows(conv_state_indices, x.shape[0], x.device)
+    state = _gather(conv_state, idx, live, x.dtype)
     out, new = causal_conv1d_step(state.transpose(1, 2), x, weight, bias)
     conv_state[idx[live]] = new.transpose(1, 2)[live].to(conv_state.dtype)
     return _activate(out, activation)
@@ -146,14 +171,8 @@ def mamba_chunk_scan_combined(
     if cu_seqlens is None or x.shape[0] != 1 or return_final_states:
         raise NotImplementedError("mamba_chunk_scan_combined on CPU: varlen (cu_seqlens) only")
     bounds = _seq_bounds(cu_seqlens)
-    xs, dts, bs, cs = x[0].float(), dt[0].float(), B[0].float(), C[0].float()
-    if dt_bias is not None:
-        dts = dts + dt_bias.float()
-    if dt_softplus:
-        dts = F.softplus(dts)
-    lo, hi = dt_limit
-    if lo > 0.0 or hi != float("inf"):
-        dts = dts.clamp(min=lo, max=hi)
+    xs, bs, cs = x[0].float(), B[0].float(), C[0].float()
+    dts = _time_step(dt[0], dt_bias, dt_softplus, dt_limit)
     n = len(bounds)
     h, p, dstate = xs.shape[1], xs.shape[2], bs.shape[-1]
     init = initial_states.float() if initial_states is not None else xs.new_zeros(n, h, p, dstate)
@@ -197,20 +216,12 @@ def selective_state_update(
     _reject({k: v for k, v in unsupported.items() if k != "disable_state_update"})
     bsz, h, p = x.shape
     g, n = B.shape[1], B.shape[2]
-    idx = (
-        torch.arange(bsz, device=x.device)
-        if state_batch_indices is None
-        else state_batch_indices.long()
-    )
-    live = idx != PAD_SLOT_ID
-    dtf = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
-    if dt_softplus:
-        dtf = F.softplus(dtf)
+    idx, live = _rows(state_batch_indices, bsz, x.device)
+    dtf = _time_step(dt, dt_bias, dt_softplus)
     per_head = (bsz, h, 1, n)
     bh = B.float().repeat_interleave(h // g, dim=1).view(per_head).expand(bsz, h, p, n)
     ch = C.float().repeat_interleave(h // g, dim=1).view(per_head).expand(bsz, h, p, n)
-    st = torch.zeros(bsz, h, p, n, dtype=torch.float32, device=x.device)
-    st[live] = state[idx[live]].float()
+    st = _gather(state, idx, live, torch.float32)
     new, y = selective_step(
         st.view(bsz, h * p, n),
         x.float().reshape(bsz, h * p),
