@@ -64,6 +64,24 @@ class Fixture:
     mamba_size: int
 
 
+def state_pool(
+    cache_params: Mamba2CacheParams, mamba_size: int, size: int = 8, max_context_len: int = 512
+) -> HybridReqToTokenPool:
+    """A real SGLang request pool on CPU with ``mamba_size`` Mamba state slots (no_buffer)."""
+    return HybridReqToTokenPool(
+        size=size,
+        mamba_size=mamba_size,
+        mamba_spec_state_size=size,
+        max_context_len=max_context_len,
+        device="cpu",
+        enable_memory_saver=False,
+        cache_params=cache_params,
+        mamba_layer_ids=cache_params.layers,
+        enable_mamba_extra_buffer=False,
+        speculative_num_draft_tokens=3,
+    )
+
+
 def build(
     backend: str | None = "marconi",
     kv_size: int = 256,
@@ -86,18 +104,7 @@ def build(
         state_size=16,
         conv_kernel=4,
     )
-    pool = HybridReqToTokenPool(
-        size=8,
-        mamba_size=mamba_size,
-        mamba_spec_state_size=8,
-        max_context_len=512,
-        device="cpu",
-        enable_memory_saver=False,
-        cache_params=Mamba2CacheParams(shape=shape, layers=mamba_layers),
-        mamba_layer_ids=mamba_layers,
-        enable_mamba_extra_buffer=False,
-        speculative_num_draft_tokens=3,
-    )
+    pool = state_pool(Mamba2CacheParams(shape=shape, layers=mamba_layers), mamba_size)
     kv_pool = HybridLinearKVPool(
         size=kv_size,
         dtype=torch.bfloat16,

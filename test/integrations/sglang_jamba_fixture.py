@@ -151,26 +151,21 @@ def build_cache(model_config: Any, backend: str | None = "marconi", kv_size: int
     from sglang.srt.configs.hybrid_arch import mambaish_config
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
     from sglang.srt.mem_cache.registry import (
         TreeCacheBuildContext,
         default_radix_cache_factory,
         get_radix_cache_factory,
     )
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-    from sglang_fixture import CHUNK, Fixture
+    from sglang_fixture import CHUNK, Fixture, state_pool
 
     server_args = ServerArgs(model_path="dummy", page_size=1, radix_cache_backend=backend)
     server_args._mamba_cache_chunk_size = CHUNK
     set_global_server_args_for_scheduler(server_args)
     hybrid = mambaish_config(model_config)
     cache_params = hybrid.mamba2_cache_params
-    pool = HybridReqToTokenPool(
-        size=8, mamba_size=mamba_size, mamba_spec_state_size=8, max_context_len=512,
-        device="cpu", enable_memory_saver=False, cache_params=cache_params,
-        mamba_layer_ids=cache_params.layers, enable_mamba_extra_buffer=False,
-        speculative_num_draft_tokens=3,
-    )  # fmt: skip
+    pool = state_pool(cache_params, mamba_size)
     cfg = model_config.hf_config
     kv_pool = HybridLinearKVPool(
         size=kv_size, dtype=torch.bfloat16, page_size=1, head_num=cfg.num_key_value_heads,

@@ -38,12 +38,11 @@ from marconi.integrations.sglang.policy import node_depth
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.configs.linear_attn_model_registry import get_linear_attn_spec
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.plugins import load_plugins
 from sglang.srt.runtime_context import get_parallel
 from sglang.test.parallel_groups import parallel_scope
-from sglang_fixture import Fixture, Session
+from sglang_fixture import Fixture, Session, state_pool
 from sglang_jamba_fixture import (
     bind_portable_conv_kernels,
     build_cache,
@@ -129,11 +128,7 @@ def test_mamba_pool_holds_mamba1_states_sized_like_marconis_cost_model(
     assert (params.dtype.conv, params.dtype.temporal) == (torch.bfloat16, torch.float32)
     layers = len(params.layers)
     if name == "tiny-jamba":  # a real MambaPool (jamba-1.5-mini's: ~15 MiB a slot)
-        pool = HybridReqToTokenPool(
-            size=2, mamba_size=3, mamba_spec_state_size=3, max_context_len=64, device="cpu",
-            enable_memory_saver=False, cache_params=params, mamba_layer_ids=params.layers,
-            enable_mamba_extra_buffer=False, speculative_num_draft_tokens=3,
-        )  # fmt: skip
+        pool = state_pool(params, mamba_size=3, size=2, max_context_len=64)
         cache = pool.mamba_pool.mamba_cache
         slots = cache.temporal.shape[1]
         assert tuple(cache.conv[0].shape) == (layers, slots, d_inner, d_conv - 1)

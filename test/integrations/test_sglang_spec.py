@@ -17,8 +17,9 @@ from marconi.cache.spec import CacheDtypes, cache_spec_from_hf
 from marconi.models.tiny import TINY_MODELS
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
 from sglang.srt.plugins import load_plugins
+from sglang_fixture import state_pool
 from sglang_jamba_fixture import hf_config_dict, publish_parallel, write_config
 
 #: SGLang's own spelling of the Nemotron-H fields it reads (``NemotronHConfig.__init__``)
@@ -38,11 +39,7 @@ def _sglang_config(name: str, tmp_path: Path) -> Any:
 def _pool_bytes(config: Any, kv_heads: int, head_dim: int) -> tuple[int, int, CacheDtypes]:
     """(KV bytes per token, state bytes per slot, dtypes) of real SGLang pools for ``config``."""
     params = config.mamba2_cache_params
-    pool = HybridReqToTokenPool(
-        size=2, mamba_size=2, mamba_spec_state_size=2, max_context_len=64, device="cpu",
-        enable_memory_saver=False, cache_params=params, mamba_layer_ids=params.layers,
-        enable_mamba_extra_buffer=False, speculative_num_draft_tokens=3,
-    )  # fmt: skip
+    pool = state_pool(params, mamba_size=2, size=2, max_context_len=64)
     cache = pool.mamba_pool.mamba_cache
     slots = cache.temporal.shape[1]
     state = (sum(t.nbytes for t in cache.conv) + cache.temporal.nbytes) // slots
