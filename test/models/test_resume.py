@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from marconi.models import ForwardBatch, SequenceInput, load_model
+from marconi.layers import build_batch_meta
+from marconi.models import ForwardBatch, HybridMemory, SequenceInput, load_model
 from model_helpers import prefill
 
 N, K1, K2 = 200, 64, 150  # tiny's chunk is 64: K1 is chunk-aligned, K2 is not
@@ -81,3 +82,39 @@ def test_mixed_batch_with_and_without_prefix(model_and_ids) -> None:
     ref1 = prefill(model, mem, [*ids[:N], nxt[1]], range(800, 1001), 3)[-1]
     torch.testing.assert_close(dec[0], ref0, atol=1e-4, rtol=0)
     torch.testing.assert_close(dec[1], ref1, atol=1e-4, rtol=0)
+
+
+def test_decodes_then_prefills_in_one_pass_match_separate_passes(model_and_ids) -> None:
+    """The engine's mixed step: decodes first, then prefill chunks (one fresh, one resumed with
+    a capture). The mixers run the decodes by the recurrent step and the rest by the scan
+    (``BatchMeta.split``); logits and every written state equal separate passes."""
+    model, ids = model_and_ids
+    a, b, c = ids[:60], ids[60:140], ids[140:200]
+
+    def setup() -> HybridMemory:
+        mem = model.allocate_memory(num_kv_slots=1024, num_state_slots=8)
+        prefill(model, mem, a, range(60), 0)
+        prefill(model, mem, b, range(100, 180), 1)
+        prefill(model, mem, c[:20], range(300, 320), 2)
+        return mem
+
+    reqs = (
+        SequenceInput([7], list(range(61)), 0),
+        SequenceInput([9], [*range(100, 180), 180], 1),
+        SequenceInput(b[:50], list(range(400, 450)), 3),
+        SequenceInput(c[20:], list(range(300, 360)), 2, (30, 60), (4, 5)),
+    )
+    meta = build_batch_meta(reqs, torch.device("cpu"))
+    assert meta.split is not None and meta.split[0].rows == slice(0, 2)
+    mixed_mem = setup()
+    mixed = model(ForwardBatch(reqs, return_all_logits=True), mixed_mem)
+    solo_mem = setup()
+    assert mixed.all_logits is not None
+    for i, req in enumerate(reqs):
+        solo = prefill(model, solo_mem, req.token_ids, req.kv_slots, req.state_slot,
+                       dict(zip(req.capture_positions, req.capture_slots, strict=True)))  # fmt: skip
+        torch.testing.assert_close(mixed.all_logits[i], solo, atol=1e-5, rtol=0)
+    for slot in range(6):
+        got, want = mixed_mem.read_state(slot), solo_mem.read_state(slot)
+        torch.testing.assert_close(got.conv, want.conv, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.ssm, want.ssm, atol=1e-5, rtol=1e-5)

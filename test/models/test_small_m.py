@@ -30,7 +30,7 @@ def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     out = tmp_path_factory.mktemp("kernel") / "portable.so"
     x86 = platform.machine().lower() in ("x86_64", "amd64")  # elsewhere the C path is portable
     flags = ("-mno-avx512f",) if x86 else ()
-    return small_m.load_kernel(small_m.compile_kernel(cc, out, flags))
+    return small_m.KERNEL.load(small_m.KERNEL.compile(cc, out, flags))
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])

@@ -7,6 +7,7 @@ already chosen by the cache manager) and the requests' sampling parameters.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,10 +53,9 @@ class ModelRunner:
         p = req.params
         if p.greedy and not p.logit_bias:
             return greedy
-        row = row.clone()
-        for tok, bias in p.logit_bias:
-            if 0 <= tok < row.numel():
-                row[tok] += bias
+        if p.logit_bias:
+            ids, vals = _bias_tensors(p.logit_bias, row.numel())
+            row = row.index_add(0, ids.to(row.device), vals.to(row.device, row.dtype))
         if p.greedy:
             return int(row.argmax())
         return self._sample_row(row / p.temperature, p.top_p, self._generator(req))
@@ -80,3 +80,14 @@ class ModelRunner:
             keep = sorted_p.cumsum(0) - sorted_p < top_p  # always keeps the top token
             probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+@lru_cache(maxsize=1024)
+def _bias_tensors(
+    logit_bias: tuple[tuple[int, float], ...], vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, biases) of the in-vocabulary entries, built once per distinct bias table
+    (clients resend the same table with every request); repeated ids add up."""
+    pairs = [(t, b) for t, b in logit_bias if 0 <= t < vocab]
+    ids = torch.tensor([t for t, _ in pairs], dtype=torch.long)
+    return ids, torch.tensor([b for _, b in pairs], dtype=torch.float32)

@@ -93,6 +93,24 @@ class PagedAttention(nn.Module):
             q, k = self.rope(q, k, meta.positions)
         k_cache.index_copy_(0, meta.new_kv_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.new_kv_slots, v.to(v_cache.dtype))
+        outs = [
+            self._attend(q[p.rows], k[p.rows], v[p.rows], p.meta, k_cache, v_cache)
+            for p in meta.parts
+        ]
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: BatchMeta,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """Attention output [T, Hq, D] of one part of the batch (its K/V already in the cache;
+        ``k``/``v`` are its new tokens' own, used when it is one request with no prefix)."""
         gqa = self.num_heads != self.num_kv_heads
         if meta.num_reqs == 1 and meta.prefix_lens[0] == 0:
             o = F.scaled_dot_product_attention(
@@ -103,34 +121,31 @@ class PagedAttention(nn.Module):
                 scale=self.scaling,
                 enable_gqa=gqa,
             )
-            o = o[0].transpose(0, 1)
+            return o[0].transpose(0, 1)
+        if meta.kv_range is not None and k_cache.dtype == q.dtype:  # one request, slots a..b
+            lo, hi = meta.kv_range
+            kk = k_cache[lo:hi].transpose(0, 1).unsqueeze(0)  # view [1, Hk, Lk, D]
+            vv = v_cache[lo:hi].transpose(0, 1).unsqueeze(0)
         else:
-            if meta.kv_range is not None and k_cache.dtype == x.dtype:  # one request, slots a..b
-                lo, hi = meta.kv_range
-                kk = k_cache[lo:hi].transpose(0, 1).unsqueeze(0)  # view [1, Hk, Lk, D]
-                vv = v_cache[lo:hi].transpose(0, 1).unsqueeze(0)
-            else:
-                kk = k_cache[meta.kv_index].to(x.dtype).transpose(1, 2)  # [B, Hk, Lk, D]
-                vv = v_cache[meta.kv_index].to(x.dtype).transpose(1, 2)
-            if meta.max_new == 1:
-                qq = q.unsqueeze(1)
-            elif meta.num_reqs == 1:
-                qq = q.unsqueeze(0)
-            else:
-                qq = q.new_zeros(meta.num_reqs, meta.max_new, self.num_heads, self.head_dim)
-                qq[meta.tok_req, meta.tok_off] = q
-            o = F.scaled_dot_product_attention(
-                qq.transpose(1, 2),
-                kk,
-                vv,
-                attn_mask=meta.attn_mask,
-                scale=self.scaling,
-                enable_gqa=gqa,
-            ).transpose(1, 2)
-            if meta.max_new == 1:
-                o = o[:, 0]
-            elif meta.num_reqs == 1:
-                o = o[0]
-            else:
-                o = o[meta.tok_req, meta.tok_off]
-        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+            kk = k_cache[meta.kv_index].to(q.dtype).transpose(1, 2)  # [B, Hk, Lk, D]
+            vv = v_cache[meta.kv_index].to(q.dtype).transpose(1, 2)
+        if meta.max_new == 1:
+            qq = q.unsqueeze(1)
+        elif meta.num_reqs == 1:
+            qq = q.unsqueeze(0)
+        else:
+            qq = q.new_zeros(meta.num_reqs, meta.max_new, self.num_heads, self.head_dim)
+            qq[meta.tok_req, meta.tok_off] = q
+        o = F.scaled_dot_product_attention(
+            qq.transpose(1, 2),
+            kk,
+            vv,
+            attn_mask=meta.attn_mask,
+            scale=self.scaling,
+            enable_gqa=gqa,
+        ).transpose(1, 2)
+        if meta.max_new == 1:
+            return o[:, 0]
+        if meta.num_reqs == 1:
+            return o[0]
+        return o[meta.tok_req, meta.tok_off]

@@ -21,7 +21,8 @@ class SegmentPlan(NamedTuple):
     capture is the exact state at a segment end: no second pass.
     """
 
-    index: torch.Tensor  # [B, S, Lc] packed token index, pad = T (a zero row)
+    #: [B, S, Lc] packed token index, pad = T (a zero row); Lc = the longest segment
+    index: torch.Tensor
     capture_at: dict[int, tuple[torch.Tensor, torch.Tensor]]  # segment -> (req idx, slot)
     initial_captures: tuple[torch.Tensor, torch.Tensor] | None  # captures at offset 0
     #: [T] flat position of each packed token inside the padded [B * S * Lc] layout
@@ -29,6 +30,13 @@ class SegmentPlan(NamedTuple):
     #: the padded layout is the packed tokens in order plus zero rows at the end (one request,
     #: full segments except the last): segments are then a view, no gather
     dense: bool
+
+
+class BatchPart(NamedTuple):
+    """Rows ``rows`` of the packed batch, described by their own ``meta`` (see BatchMeta.parts)."""
+
+    rows: slice
+    meta: BatchMeta
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,16 @@ class BatchMeta:
     #: (first, end) when the batch is one request whose kv slots are first, first + 1, ... end - 1:
     #: attention then reads the KV pool through a slice instead of a gather
     kv_range: tuple[int, int] | None = None
+    #: (decodes, the rest) when the batch starts with pure decodes and goes on with prefill
+    #: chunks: the mixers run each part on its own path, so a decode is not padded to a chunk
+    split: tuple[BatchPart, BatchPart] | None = None
     _plans: dict[int, SegmentPlan] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def parts(self) -> tuple[BatchPart, ...]:
+        """The sub-batches a mixer runs separately: ``split``, or the whole batch as one part.
+        Per-token layers (norms, linears, MLPs) still run over every row at once."""
+        return self.split or (BatchPart(slice(None), self),)
 
     @property
     def num_reqs(self) -> int:
@@ -164,9 +181,10 @@ def build_segment_plan(
                 cap_seg.setdefault(end_to_seg[off], []).append((r, slot))
     b, s_max, t = len(new_lens), max(len(s) for s in segs), sum(new_lens)
     dev = device
-    index = torch.full((b, s_max, chunk), t, dtype=torch.long)
+    lc = max(ln for rsegs in segs for _, ln in rsegs)  # pad to the longest segment only
+    index = torch.full((b, s_max, lc), t, dtype=torch.long)
     starts_tok = [0, *torch.tensor(new_lens).cumsum(0).tolist()]
-    ar = torch.arange(chunk)
+    ar = torch.arange(lc)
     for r, rsegs in enumerate(segs):
         for k, (off, ln) in enumerate(rsegs):
             index[r, k, :ln] = ar[:ln] + starts_tok[r] + off
@@ -177,7 +195,7 @@ def build_segment_plan(
 
     flat = index.reshape(-1)
     inverse = torch.nonzero(flat < t).reshape(-1)  # tokens appear in packed order
-    dense = b == 1 and all(ln == chunk for _, ln in segs[0][:-1])
+    dense = b == 1 and all(ln == lc for _, ln in segs[0][:-1])
     return SegmentPlan(
         index=index.to(dev),
         capture_at={k: pair(v) for k, v in sorted(cap_seg.items())},
@@ -239,6 +257,21 @@ def build_batch_meta(requests: Sequence[SequenceInput], device: torch.device) ->
     def dev_long(x: list[int] | torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.long).to(device)
 
+    split = None
+    decodes = next(
+        (
+            i
+            for i, (n, p, q) in enumerate(zip(new_lens, pre_lens, requests, strict=True))
+            if n != 1 or p == 0 or q.capture_positions
+        ),
+        len(requests),
+    )
+    if 0 < decodes < len(requests):
+        split = (
+            BatchPart(slice(0, decodes), build_batch_meta(requests[:decodes], device)),
+            BatchPart(slice(decodes, None), build_batch_meta(requests[decodes:], device)),
+        )
+
     return BatchMeta(
         tokens=torch.cat(toks).to(device),
         positions=positions.to(device),
@@ -255,4 +288,5 @@ def build_batch_meta(requests: Sequence[SequenceInput], device: torch.device) ->
         cap_slot=dev_long(cap_slot),
         last_index=(lens_t.cumsum(0) - 1).to(device),
         kv_range=kv_range,
+        split=split,
     )

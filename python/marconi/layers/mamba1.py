@@ -136,13 +136,23 @@ class Mamba1Mixer(nn.Module):
     def forward(
         self, x: torch.Tensor, meta: BatchMeta, conv_cache: torch.Tensor, ssm_cache: torch.Tensor
     ) -> torch.Tensor:
-        """x [T, hidden] packed -> [T, hidden]; updates conv_cache / ssm_cache in place."""
+        """x [T, hidden] packed -> [T, hidden]; updates conv_cache / ssm_cache in place.
+        The projections run over every row, the conv + scan per part (``BatchMeta.parts``)."""
         xs, z = self.in_proj(x).chunk(2, dim=-1)
+        ys = [self._mix(xs[p.rows], p.meta, conv_cache, ssm_cache) for p in meta.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys)
+        return self.out_proj((y * F.silu(z.float())).to(x.dtype))
+
+    def _mix(
+        self, xs: torch.Tensor, meta: BatchMeta, conv_cache: torch.Tensor, ssm_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Conv + selective scan of one part: in_proj's x half [T, D] -> fp32 y [T, D] with the
+        D skip, before the gate."""
         slots, km1, r = meta.state_slots, self.d_conv - 1, meta.num_reqs
         a = -torch.exp(self.A_log.float())
         if meta.is_decode:
             out, new_conv = causal_conv1d_step(
-                conv_cache[slots].to(x.dtype), xs, self.conv1d.weight[:, 0], self.conv1d.bias
+                conv_cache[slots].to(xs.dtype), xs, self.conv1d.weight[:, 0], self.conv1d.bias
             )
             conv_cache.index_copy_(0, slots, new_conv.to(conv_cache.dtype))
             xs = self.act(out)
@@ -150,19 +160,19 @@ class Mamba1Mixer(nn.Module):
             state, y = selective_step(ssm_cache[slots].float(), xs.float(), dt, a, b, c)
             ssm_cache.index_copy_(0, slots, state.to(ssm_cache.dtype))
         else:
-            init_conv = conv_cache[slots].to(x.dtype)
+            init_conv = conv_cache[slots].to(xs.dtype)
             init_ssm = ssm_cache[slots].float()
             if bool(meta.fresh.any()):
-                keep = (~meta.fresh).to(x.dtype)
+                keep = (~meta.fresh).to(xs.dtype)
                 init_conv = init_conv * keep.view(r, 1, 1)
                 init_ssm = init_ssm * keep.float().view(r, 1, 1)
-            xp = x.new_zeros(r, km1 + meta.max_new, self.d_inner)
+            xp = xs.new_zeros(r, km1 + meta.max_new, self.d_inner)
             xp[:, :km1] = init_conv
             xp[meta.tok_req, km1 + meta.tok_off] = xs
             conv = self.act(causal_conv1d(xp, self.conv1d.weight[:, 0], self.conv1d.bias))
-            win = torch.arange(km1, device=x.device)
-            lens = torch.tensor(meta.new_lens, device=x.device)
-            rows = torch.arange(r, device=x.device).unsqueeze(1)
+            win = torch.arange(km1, device=xs.device)
+            lens = torch.tensor(meta.new_lens, device=xs.device)
+            rows = torch.arange(r, device=xs.device).unsqueeze(1)
             conv_cache.index_copy_(0, slots, xp[rows, lens.unsqueeze(1) + win].to(conv_cache.dtype))
             has_caps = meta.cap_req.numel() > 0
             if has_caps:
@@ -185,8 +195,7 @@ class Mamba1Mixer(nn.Module):
                 caps[at_start] = init_ssm[meta.cap_req[at_start]]
                 ssm_cache.index_copy_(0, meta.cap_slot, caps.to(ssm_cache.dtype))
             y = y[meta.tok_req, meta.tok_off]
-        y = (y + xs.float() * self.D.float()) * F.silu(z.float())
-        return self.out_proj(y.to(x.dtype))
+        return y + xs.float() * self.D.float()
 
 
 def _pad(v: torch.Tensor, meta: BatchMeta, lmax: int) -> torch.Tensor:

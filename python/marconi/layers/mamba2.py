@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from marconi.layers import ssm_step
 from marconi.layers.batch_meta import BatchMeta, SegmentPlan
 from marconi.layers.conv import causal_conv1d
 from marconi.layers.linear import Linear
@@ -175,10 +176,30 @@ class Mamba2Mixer(nn.Module):
     def forward(
         self, x: torch.Tensor, meta: BatchMeta, conv_cache: torch.Tensor, ssm_cache: torch.Tensor
     ) -> torch.Tensor:
-        """x [T, hidden] packed -> [T, hidden]; updates conv_cache / ssm_cache in place."""
-        if meta.is_decode:
-            return self._decode(x, meta, conv_cache, ssm_cache)
-        z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
+        """x [T, hidden] packed -> [T, hidden]; updates conv_cache / ssm_cache in place.
+
+        The projections run over every row at once; the conv + scan run per part of the batch
+        (``BatchMeta.parts``): pure decodes by the recurrent step, the rest by the chunked scan.
+        """
+        proj = self.in_proj(x)
+        ys = [
+            (self._decode if p.meta.is_decode else self._prefill)(
+                proj[p.rows], p.meta, conv_cache, ssm_cache
+            )
+            for p in meta.parts
+        ]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys)
+        return self._output(y, proj[:, : self.inner])
+
+    def _prefill(
+        self,
+        proj: torch.Tensor,
+        meta: BatchMeta,
+        conv_cache: torch.Tensor,
+        ssm_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """The chunked-scan path: in_proj rows [T, ...] -> y [T, inner] (before the norm)."""
+        _, xbc, dt = proj.split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         slots, km1 = meta.state_slots, self.d_conv - 1
         r = meta.num_reqs
         init_ssm = self._initial_ssm(meta, ssm_cache)
@@ -188,20 +209,20 @@ class Mamba2Mixer(nn.Module):
                 head.copy_(conv_cache[slots])
             xp = torch.cat([head, xbc.unsqueeze(0)], dim=1)
         else:
-            xp = x.new_zeros(r, km1 + meta.max_new, self.conv_dim)
-            xp[:, :km1] = conv_cache[slots].to(x.dtype)
+            xp = proj.new_zeros(r, km1 + meta.max_new, self.conv_dim)
+            xp[:, :km1] = conv_cache[slots].to(proj.dtype)
             if meta.any_fresh:
                 xp[meta.fresh, :km1] = 0.0
             xp[meta.tok_req, km1 + meta.tok_off] = xbc
         conv = self.act(causal_conv1d(xp, self.conv1d.weight[:, 0], self.conv1d.bias))
         xbc = conv[0] if r == 1 else conv[meta.tok_req, meta.tok_off]
-        win = torch.arange(km1, device=x.device)
+        win = torch.arange(km1, device=proj.device)
         if r == 1:
             n0 = meta.new_lens[0]
             conv_cache.index_copy_(0, slots, xp[:, n0 : n0 + km1].to(conv_cache.dtype))
         else:
-            lens = torch.tensor(meta.new_lens, device=x.device)
-            rows = torch.arange(r, device=x.device).unsqueeze(1)
+            lens = torch.tensor(meta.new_lens, device=proj.device)
+            rows = torch.arange(r, device=proj.device).unsqueeze(1)
             ends = xp[rows, lens.unsqueeze(1) + win]
             conv_cache.index_copy_(0, slots, ends.to(conv_cache.dtype))
         if meta.cap_req.numel():
@@ -232,7 +253,7 @@ class Mamba2Mixer(nn.Module):
             if y.dtype == xs.dtype
             else (y + xs.float() * self.D.float().view(1, -1, 1))
         )
-        return self._output(y.reshape(t, self.inner).to(x.dtype), z)
+        return y.reshape(t, self.inner).to(proj.dtype)
 
     def _initial_ssm(self, meta: BatchMeta, ssm_cache: torch.Tensor) -> torch.Tensor:
         """Each request's resume SSM state in fp32 [R, H, P, N] (zeros for fresh requests)."""
@@ -245,19 +266,23 @@ class Mamba2Mixer(nn.Module):
         return init
 
     def _decode(
-        self, x: torch.Tensor, meta: BatchMeta, conv_cache: torch.Tensor, ssm_cache: torch.Tensor
+        self,
+        proj: torch.Tensor,
+        meta: BatchMeta,
+        conv_cache: torch.Tensor,
+        ssm_cache: torch.Tensor,
     ) -> torch.Tensor:
-        """One token per request. With a single request and fp32 state pools the conv and SSM
-        states are updated in place through views of their slot; otherwise gathered and
-        written back."""
-        bsz, g, n = x.shape[0], self.n_groups, self.d_state
+        """One token per request: in_proj rows [B, ...] -> y [B, inner] (before the norm). With
+        a single request and fp32 state pools the conv and SSM states are updated in place
+        through views of their slot; otherwise gathered and written back."""
+        bsz, g, n = proj.shape[0], self.n_groups, self.d_state
         hpg = self.num_heads // g
-        z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.num_heads], dim=-1)
-        conv_w, conv_b, a_neg, d_skip, dt_bias = self._decode_params(x.dtype)
+        _, xbc, dt = proj.split([self.inner, self.conv_dim, self.num_heads], dim=-1)
+        conv_w, conv_b, a_neg, d_skip, dt_bias = self._decode_params(proj.dtype)
         slot = meta.single_state_slot
         slots = meta.state_slots
-        in_place_conv = slot is not None and conv_cache.dtype == x.dtype
-        cst = conv_cache.narrow(0, slot, 1) if in_place_conv else conv_cache[slots].to(x.dtype)
+        in_place_conv = slot is not None and conv_cache.dtype == proj.dtype
+        cst = conv_cache.narrow(0, slot, 1) if in_place_conv else conv_cache[slots].to(proj.dtype)
         full = torch.cat([cst, xbc.unsqueeze(1)], dim=1)  # [B, K, C]
         out = (full * conv_w).sum(1)
         if conv_b is not None:
@@ -271,9 +296,13 @@ class Mamba2Mixer(nn.Module):
         lo, hi = self.dt_limit
         if lo > 0.0 or hi != float("inf"):
             dt = dt.clamp(min=lo, max=hi)
+        decay = torch.exp(dt * a_neg)
+        if ssm_step.applies(ssm_cache):  # one in-place pass over the states (C kernel)
+            y = ssm_step.mamba2_decode_step(ssm_cache, slots, xs, dt, decay, b, c)
+            return y.addcmul_(xs, d_skip).to(proj.dtype)
         in_place_ssm = slot is not None and ssm_cache.dtype == torch.float32
         st = ssm_cache.narrow(0, slot, 1) if in_place_ssm else ssm_cache[slots].float()
-        st.mul_(torch.exp(dt * a_neg).view(bsz, self.num_heads, 1, 1))
+        st.mul_(decay.view(bsz, self.num_heads, 1, 1))
         xdt = xs.view(bsz, self.num_heads, self.head_dim) * dt.unsqueeze(-1)
         sg = st.view(bsz * g, hpg * self.head_dim, n)
         sg.baddbmm_(xdt.view(bsz * g, hpg * self.head_dim, 1), b.reshape(bsz * g, 1, n))
@@ -281,7 +310,7 @@ class Mamba2Mixer(nn.Module):
             ssm_cache.index_copy_(0, slots, st.to(ssm_cache.dtype))
         y = torch.bmm(sg, c.reshape(bsz * g, n, 1)).view(bsz, self.inner)
         y.addcmul_(xs, d_skip)
-        return self._output(y.to(x.dtype), z)
+        return y.to(proj.dtype)
 
     def _decode_params(
         self, dtype: torch.dtype

@@ -1,0 +1,108 @@
+"""C kernels in ``csrc/``, each built on first use with the system compiler and loaded by ctypes.
+
+A kernel's C file is compiled with ``$CC`` (else ``cc``/``gcc``/``clang``) into
+``$MARCONI_CACHE_DIR/kernels/`` under a name that hashes the source, the flags and the CPU's
+feature flags (``-march=native``): no torch extension build, about a second the first time,
+nothing afterwards. If no compiler is found, the build fails, or the kernel's switch variable
+is ``0``, ``CKernel.get()`` is None and callers keep their torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from marconi.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).with_name("csrc")
+FLAGS = ("-O3", "-march=native", "-funroll-loops", "-shared", "-fPIC")
+
+
+def cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+@dataclass(frozen=True)
+class CKernel:
+    """The C function ``symbol`` of ``csrc/<source>`` with ctypes ``argtypes`` (returns void);
+    the environment variable ``switch=0`` turns it off."""
+
+    source: str
+    symbol: str
+    argtypes: tuple[Any, ...]
+    switch: str
+
+    @property
+    def path(self) -> Path:
+        return CSRC / self.source
+
+    def compile(self, cc: str, out: Path, extra_flags: tuple[str, ...] = ()) -> Path:
+        """Compile into the shared library ``out`` (atomically: concurrent builders each publish
+        a whole file). Raises ``subprocess.CalledProcessError`` with the compiler's output."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so")
+        os.close(fd)
+        try:
+            cmd = [cc, *FLAGS, *extra_flags, str(self.path), "-o", tmp]
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return out
+
+    def load(self, path: Path) -> Any:
+        """The function from a library built by ``compile``."""
+        fn = getattr(ctypes.CDLL(str(path)), self.symbol)
+        fn.argtypes = list(self.argtypes)
+        fn.restype = None
+        return fn
+
+    def get(self) -> Any | None:
+        """The built function (built on the first call), or None (see the module docstring)."""
+        return _build(self)
+
+
+@cache
+def _build(kernel: CKernel) -> Any | None:
+    if os.environ.get(kernel.switch, "1") == "0":
+        return None
+    cc = compiler()
+    if cc is None:
+        log.info("no C compiler found: %s uses its torch path", kernel.symbol)
+        return None
+    key = hashlib.sha256(
+        b"\0".join([kernel.path.read_bytes(), " ".join(FLAGS).encode(), cpu_flags().encode()])
+    ).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"{kernel.symbol}-{key}.so"
+    try:
+        return kernel.load(path if path.is_file() else kernel.compile(cc, path))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or e
+        log.warning("C kernel %s unavailable (%s): using its torch path", kernel.symbol, detail)
+        return None
