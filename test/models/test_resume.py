@@ -111,8 +111,8 @@ def test_decodes_then_prefills_in_one_pass_match_separate_passes(model_and_ids) 
     solo_mem = setup()
     assert mixed.all_logits is not None
     for i, req in enumerate(reqs):
-        solo = prefill(model, solo_mem, req.token_ids, req.kv_slots, req.state_slot,
-                       dict(zip(req.capture_positions, req.capture_slots, strict=True)))  # fmt: skip
+        caps = dict(zip(req.capture_positions, req.capture_slots, strict=True))
+        solo = prefill(model, solo_mem, req.token_ids, req.kv_slots, req.state_slot, caps)
         torch.testing.assert_close(mixed.all_logits[i], solo, atol=1e-5, rtol=0)
     for slot in range(6):
         got, want = mixed_mem.read_state(slot), solo_mem.read_state(slot)

@@ -16,9 +16,10 @@ def reference(pool, slots, x, dt, decay, b, c):
     bsz, (h, p, n), g = slots.numel(), pool.shape[1:], b.shape[-1] // pool.shape[-1]
     bh = b.view(bsz, g, 1, n).repeat_interleave(h // g, dim=1)  # [B, H, 1, N]
     ch = c.view(bsz, g, 1, n).repeat_interleave(h // g, dim=1)
-    st = pool[slots] * decay.view(bsz, h, 1, 1) + (x.view(bsz, h, p) * dt.unsqueeze(-1))[
-        ..., None
-    ] * bh
+    st = (
+        pool[slots] * decay.view(bsz, h, 1, 1)
+        + (x.view(bsz, h, p) * dt.unsqueeze(-1))[..., None] * bh
+    )
     out = pool.clone()
     out[slots] = st
     return out, (st * ch).sum(-1).reshape(bsz, h * p)
@@ -28,8 +29,10 @@ def test_kernel_builds_where_a_c_compiler_exists() -> None:
     assert ssm_step.available()
 
 
-@pytest.mark.parametrize(("bsz", "h", "p", "n", "g"), [(1, 4, 8, 16, 1), (5, 8, 16, 32, 2),
-                                                      (16, 6, 4, 23, 3), (3, 2, 64, 128, 2)])  # fmt: skip
+SHAPES = [(1, 4, 8, 16, 1), (5, 8, 16, 32, 2), (16, 6, 4, 23, 3), (3, 2, 64, 128, 2)]
+
+
+@pytest.mark.parametrize(("bsz", "h", "p", "n", "g"), SHAPES)
 def test_matches_torch_and_touches_only_its_slots(bsz, h, p, n, g) -> None:
     gen = torch.Generator().manual_seed(bsz * 100 + n)
     pool = torch.randn(bsz + 4, h, p, n, generator=gen)

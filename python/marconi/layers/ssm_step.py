@@ -65,6 +65,6 @@ def mamba2_decode_step(
     y = torch.empty(bsz, h * p, dtype=f32)
     fn = KERNEL.get()
     assert fn is not None, "mamba2_decode_step called without the kernel (check applies())"
-    fn(ssm_cache.data_ptr(), slots.data_ptr(), bsz, h, p, n, g,
-       x.data_ptr(), dt.data_ptr(), decay.data_ptr(), b.data_ptr(), c.data_ptr(), y.data_ptr())  # fmt: skip
+    ptrs = (t.data_ptr() for t in (x, dt, decay, b, c, y))
+    fn(ssm_cache.data_ptr(), slots.data_ptr(), bsz, h, p, n, g, *ptrs)
     return y
