@@ -234,6 +234,7 @@ def run_launched(
     def server(name: str, rnd: int) -> Server:
         if name not in up:
             up[name] = launch(name, args.server_args)
+            args.base_url = up[name].url
             asyncio.run(bench(args, sessions[:1], salt=f"[warm-up {rnd}] "))
         return up[name]
 
