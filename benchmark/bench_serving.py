@@ -223,58 +223,69 @@ def summarize(results: list[Result], duration: float, rounds: int = 1) -> dict:
 def run_launched(
     args: argparse.Namespace, sessions: list[list[Turn]]
 ) -> tuple[dict[str, dict], dict[str, list[float]]]:
-    """Every ``--launch`` server, ``--rounds`` interleaved replays (so drifting machine load
-    hits all alike), percentiles pooled; also each server's TTFT P95 per round."""
+    """Every ``--launch`` server at every ``--concurrency`` level, ``--rounds`` interleaved
+    replays each (so drifting machine load hits all alike), percentiles pooled per (server,
+    level); also each one's TTFT P95 per round. Runs are named ``server`` or ``server @C``."""
     names = args.launch.split(",")
-    pooled: dict[str, list[Result]] = {n: [] for n in names}
-    spent = dict.fromkeys(names, 0.0)
-    swings: dict[str, list[float]] = {n: [] for n in names}
     up: dict[str, Server] = {}
+    pooled: dict[str, list[Result]] = {}
+    spent: dict[str, float] = {}
+    swings: dict[str, list[float]] = {}
 
-    def server(name: str, rnd: int) -> Server:
+    def server(name: str) -> Server:
         if name not in up:
             up[name] = launch(name, args.server_args)
-            args.base_url = up[name].url
-            asyncio.run(bench(args, sessions[:1], salt=f"[warm-up {rnd}] "))
+            args.base_url, args.concurrency = up[name].url, None
+            asyncio.run(bench(args, sessions[:1], salt="[warm-up] "))
         return up[name]
 
     try:
-        for rnd in range(args.rounds):
-            for name in names:
-                args.base_url = server(name, rnd).url
-                salt = "" if args.fresh_servers else f"[round {rnd + 1}] "
-                results, duration = asyncio.run(bench(args, sessions, salt))
-                if args.fresh_servers:
-                    up.pop(name).stop()
-                pooled[name] += results
-                spent[name] += duration
-                one = summarize(results, duration)
-                swings[name].append(one["ttft_ms"]["p95"])
-                print(f"round {rnd + 1}/{args.rounds} " + row(name, one), file=sys.stderr)
+        for level in args.levels:
+            for rnd in range(args.rounds):
+                for name in names:
+                    run = name if level is None else f"{name} @{level}"
+                    args.base_url = server(name).url
+                    args.concurrency = level
+                    salt = "" if args.fresh_servers else f"[c{level} round {rnd + 1}] "
+                    results, duration = asyncio.run(bench(args, sessions, salt))
+                    if args.fresh_servers:
+                        up.pop(name).stop()
+                    pooled.setdefault(run, []).extend(results)
+                    spent[run] = spent.get(run, 0.0) + duration
+                    one = summarize(results, duration)
+                    swings.setdefault(run, []).append(one["ttft_ms"]["p95"])
+                    print(f"round {rnd + 1}/{args.rounds} " + row(run, one), file=sys.stderr)
     finally:
         for srv in up.values():
             srv.stop()
-    return {n: summarize(pooled[n], spent[n], args.rounds) for n in names}, swings
+    return {r: summarize(pooled[r], spent[r], args.rounds) for r in pooled}, swings
 
 
 def print_ratios(summaries: dict[str, dict], swings: dict[str, list[float]], base: str | None):
-    """Each run's TTFT P50/P95 and ITL P50 over the baseline's (< 1: faster than it), and the
-    spread of TTFT P95 across rounds."""
-    base = base or next((n for n in summaries if n in VLLM_NAMES), next(iter(summaries)))
-    if len(summaries) < 2 or base not in summaries:
-        return
-    b = summaries[base]
-    print(f"\nratios to {base} (< 1: faster):")
-    for name, s in summaries.items():
-        if name != base:
-            t, bt = s["ttft_ms"], b["ttft_ms"]
-            print(
-                f"  {name}: TTFT P50 {t['p50'] / bt['p50']:.2f}x, P95 {t['p95'] / bt['p95']:.2f}x"
-                f", ITL P50 {s['itl_ms']['p50'] / b['itl_ms']['p50']:.2f}x"
-            )
-    for name, p95 in swings.items():
+    """Per concurrency level, each run's TTFT P50/P95 and ITL P50 over the baseline's (< 1:
+    faster than it; baseline: ``base``, else the first vllm run), and the spread of TTFT P95
+    across rounds."""
+    levels: dict[str, list[str]] = {}
+    for run in summaries:
+        levels.setdefault(run.partition(" @")[2], []).append(run)
+    for runs in levels.values():
+        names = {r.partition(" @")[0]: r for r in runs}
+        pick = base if base in names else next((n for n in names if n in VLLM_NAMES), None)
+        if len(runs) < 2 or pick is None:
+            continue
+        b = summaries[names[pick]]
+        print(f"\nratios to {names[pick]} (< 1: faster):")
+        for run in runs:
+            if run != names[pick]:
+                s, t, bt = summaries[run], summaries[run]["ttft_ms"], b["ttft_ms"]
+                print(
+                    f"  {run}: TTFT P50 {t['p50'] / bt['p50']:.2f}x, P95 "
+                    f"{t['p95'] / bt['p95']:.2f}x, ITL P50 "
+                    f"{s['itl_ms']['p50'] / b['itl_ms']['p50']:.2f}x"
+                )
+    for run, p95 in swings.items():
         if len(p95) > 1:
-            print(f"  {name}: TTFT P95 by round {min(p95):.0f}-{max(p95):.0f} ms")
+            print(f"  {run}: TTFT P95 by round {min(p95):.0f}-{max(p95):.0f} ms")
 
 
 def row(name: str, s: dict) -> str:
@@ -322,9 +333,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--concurrency",
-        type=int,
         default=None,
-        help="sessions in flight at once (the next starts when one ends); default: arrivals",
+        help="sessions in flight at once (the next starts when one ends), or a list (1,4,16: "
+        "each level in turn, same servers); default: sessions start at their arrival times",
     )
     p.add_argument(
         "--fresh-servers",
@@ -342,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--json", default=None, help="write the summaries here")
     args = p.parse_args(argv)
+    args.levels = [int(c) for c in args.concurrency.split(",")] if args.concurrency else [None]
+    args.concurrency = args.levels[0]
     sessions = build_sessions(args)
     n = sum(len(s) for s in sessions)
     print(f"{len(sessions)} sessions, {n} requests from {args.trace}", file=sys.stderr)
