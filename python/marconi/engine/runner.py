@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marconi.layers import small_m
+from marconi.layers import small_m, ssm_step
 from marconi.models.batch import ForwardBatch, SequenceInput
 
 if TYPE_CHECKING:
@@ -29,12 +29,29 @@ class ModelRunner:
         self.memory = memory
         self.vocab_size = model.config.vocab_size
         self._seed = seed
-        if memory.device.type == "cpu":
-            small_m.available()  # build the decode kernel now, not inside the first request
+        self.cpu = memory.device.type == "cpu"
+        #: torch's intra-op threads for steps with many rows (prefill, large decode batches)
+        self.max_threads = torch.get_num_threads()
+        self._threads = self.max_threads
+        if self.cpu:
+            small_m.available()  # build the decode kernels now, not inside the first request
+            ssm_step.available()
 
     def forward(self, inputs: Sequence[SequenceInput]) -> torch.Tensor:
         """Last-token logits [B, vocab] (fp32) of each input, in order."""
+        if self.cpu:
+            self._set_threads(sum(len(i.token_ids) for i in inputs))
         return self.model(ForwardBatch(tuple(inputs)), self.memory).logits
+
+    def _set_threads(self, rows: int) -> None:
+        """One intra-op thread for a small decode step, ``max_threads`` otherwise. A decode of
+        <= ``small_m.MAX_ROWS`` rows streams the weights through the single-threaded C kernel,
+        so more threads only add OpenMP barriers to its small ops (measured: no gain on a quiet
+        machine, 3x slower when another process holds a core; ``docs/performance.md``)."""
+        want = 1 if rows <= small_m.MAX_ROWS else self.max_threads
+        if want != self._threads:
+            torch.set_num_threads(want)
+            self._threads = want
 
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> list[int | Exception]:
         """One token per row of ``logits`` under each request's sampling parameters, or the
