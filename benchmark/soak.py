@@ -3,12 +3,27 @@
 Each request is one of the kinds in ``KINDS`` (chat or completions, streamed or not, clients that
 hang up mid-stream or while waiting, half-sent bodies, bad inputs), drawn at random with a fixed
 seed. Reports outcomes by kind (server-side errors, 5xx or a streamed error event, must be 0;
-bad inputs must get 4xx), the server's RSS at start (after a warm-up) and end, and the cache's
-deep integrity check with nothing in flight at the end. Exits 1 if any of that fails or the RSS
-grew by more than ``--rss-bound-mb``.
+bad inputs must get 4xx), the server's memory over time and the cache's deep integrity check
+with nothing in flight at the end.
+
+Memory comes from the server's ``GET /debug/memory`` (RSS, and glibc's heap: bytes in use and
+free bytes kept), sampled every ``--sample-every`` seconds under load and at rest: once after
+``--warmup`` requests and once after the last, each time ``--idle-wait`` seconds after the
+server went idle (our server gives its free heap back to the OS then, ``--heap-trim-interval``;
+without that, rest and load read the same). By the warm-up the model, the cache's pools
+(allocated and zeroed for the whole ``--cache-memory`` budget at start, so the cache filling up
+adds only its tree's metadata) and the allocator have met the workload. Exits 1 on a
+server-side error, a failed check, a nonzero exit after SIGTERM, or on memory growth:
+
+- RSS at rest, end vs warm-up, grew by more than ``--rss-bound-mb``;
+- heap bytes in use (live allocations: what a leak grows) grew by more than ``--rss-bound-mb``,
+  or by more than ``--slope-bound-mb`` per 1000 requests over the second half (least squares);
+- RSS under load ever exceeded the warm-up rest level by more than ``--peak-bound-mb`` (a
+  runaway guard: under load glibc keeps the freed transient tensors of the heaviest steps so
+  far, which depends on the load, not on the request count).
 
     python benchmark/soak.py --launch marconi --requests 3000      # starts our server
-    python benchmark/soak.py --base-url http://127.0.0.1:30000 --pid 1234 --api-key KEY
+    python benchmark/soak.py --base-url http://127.0.0.1:30000 --api-key KEY
 """
 
 from __future__ import annotations
@@ -133,20 +148,74 @@ KINDS: dict[str, int] = {
 GOOD = {"ok", "hung up", "4xx"}
 
 
-def rss_mb(pid: int | None) -> float | None:
-    if pid is None:
+class MemorySampler:
+    """``/debug/memory`` every ``every`` seconds while the soak runs: (requests done, RSS, heap
+    in use) rows."""
+
+    def __init__(self, cli: httpx.AsyncClient, auth: dict, every: float) -> None:
+        self.cli, self.auth, self.every = cli, auth, every
+        self.done = 0  # requests finished so far (the soak counts them)
+        self.rows: list[tuple[int, float, float | None]] = []
+
+    async def read(self) -> dict:
+        return (await self.cli.get("/debug/memory", headers=self.auth)).json()
+
+    async def sample(self) -> dict:
+        m = await self.read()
+        self.rows.append((self.done, m["rss"], m["in_use"]))
+        return m
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            await self.sample()
+
+
+def slope_per_1000(rows: list[tuple[int, float]]) -> float | None:
+    """Least-squares MB per 1000 requests over (requests done, MB) ``rows``."""
+    if len(rows) < 3 or rows[-1][0] == rows[0][0]:
         return None
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return None
+    xs = [r[0] / 1000 for r in rows]
+    ys = [r[1] for r in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else None
 
 
-async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict:
+def memory_report(rows: list, warm: dict, end: dict, requests: int) -> dict:
+    """``rows``: samples under load; ``warm`` and ``end``: at rest after the warm-up and the end."""
+    live = [(n, u) for n, _, u in rows if u is not None and n >= requests // 2]
+    peak = max([end["rss"], *(r[1] for r in rows)])
+    step = max(1, len(rows) // 24)  # a readable series: about two dozen points
+    in_use = None if warm["in_use"] is None else round(end["in_use"] - warm["in_use"], 1)
+    return {
+        "rss_rest_warm_mb": round(warm["rss"]),
+        "rss_rest_end_mb": round(end["rss"]),
+        "rss_drift_at_rest_mb": round(end["rss"] - warm["rss"], 1),
+        "rss_peak_under_load_mb": round(peak),
+        "rss_peak_over_warm_mb": round(peak - warm["rss"], 1),
+        "heap_in_use_warm_mb": warm["in_use"],
+        "heap_in_use_end_mb": end["in_use"],
+        "heap_in_use_drift_mb": in_use,
+        "heap_in_use_slope_second_half_mb_per_1000": _round(slope_per_1000(live)),
+        "heap_free_kept_end_mb": end["free"],
+        "trimmer": end["trimmer"],
+        "series_requests_rss_inuse_mb": [
+            (n, round(r), None if u is None else round(u)) for n, r, u in rows[::step]
+        ],
+    }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+async def soak(args: argparse.Namespace, url: str) -> dict:
     rng = random.Random(args.seed)
     limits = httpx.Limits(max_connections=args.concurrency * 2)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as cli:
         s = Soak(cli, url, rng, args.api_key)
+        mem = MemorySampler(cli, s.auth, args.sample_every)
         kinds = rng.choices(list(KINDS), weights=list(KINDS.values()), k=args.requests)
         sem = asyncio.Semaphore(args.concurrency)
         outcomes: Counter[tuple[str, str]] = Counter()
@@ -158,28 +227,35 @@ async def soak(args: argparse.Namespace, url: str, pid: int | None) -> dict:
                     outcomes[kind, await fn()] += 1
                 except httpx.HTTPError as e:
                     outcomes[kind, f"transport {type(e).__name__}"] += 1
+            mem.done += 1
 
         warm = min(args.warmup, len(kinds))
         await asyncio.gather(*(one(k) for k in kinds[:warm]))
-        rss0, t0 = rss_mb(pid), time.perf_counter()
-        samples = []  # RSS after each tenth of the requests: growth vs a plateau
-        rest = kinds[warm:]
-        for i in range(10):
-            part = rest[i * len(rest) // 10 : (i + 1) * len(rest) // 10]
-            await asyncio.gather(*(one(k) for k in part))
-            samples.append(rss_mb(pid))
+        warm_mem = await at_rest(cli, s.auth, mem, args.idle_wait)
+        t0 = time.perf_counter()
+        sampler = asyncio.create_task(mem.run())
+        await asyncio.gather(*(one(k) for k in kinds[warm:]))
         elapsed = time.perf_counter() - t0
+        sampler.cancel()
+        await mem.sample()  # the last one under load
+        end_mem = await at_rest(cli, s.auth, mem, args.idle_wait)
         idle = await wait_idle(cli, s.auth)
     return {
         "requests": args.requests,
-        "seconds": round(elapsed, 1),
+        "warmup": warm,
+        "seconds_after_warmup": round(elapsed, 1),
         "outcomes": {f"{k}: {o}": n for (k, o), n in sorted(outcomes.items())},
         "server_errors": sum(n for (_, o), n in outcomes.items() if o not in GOOD),
-        "rss_start_mb": rss0,
-        "rss_end_mb": rss_mb(pid),
-        "rss_samples_mb": [None if x is None else round(x) for x in samples],
+        "memory": memory_report(mem.rows, warm_mem, end_mem, args.requests),
         "integrity": idle,
     }
+
+
+async def at_rest(cli: httpx.AsyncClient, auth: dict, mem: MemorySampler, wait: float) -> dict:
+    """``/debug/memory`` ``wait`` seconds after nothing is in flight."""
+    await wait_idle(cli, auth)
+    await asyncio.sleep(wait)
+    return await mem.read()
 
 
 async def wait_idle(cli: httpx.AsyncClient, auth: dict, timeout: float = 60) -> dict:
@@ -203,7 +279,6 @@ async def wait_idle(cli: httpx.AsyncClient, auth: dict, timeout: float = 60) -> 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--base-url", default=None, help="a running server (else --launch)")
-    p.add_argument("--pid", type=int, default=None, help="the running server's pid (for RSS)")
     p.add_argument("--launch", default="marconi", help="start our server with this policy")
     p.add_argument("--server-args", default="--cache-memory 256MB --num-threads 1")
     p.add_argument("--api-key", default=None)
@@ -211,7 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=200, help="requests before the RSS baseline")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rss-bound-mb", type=float, default=64.0)
+    p.add_argument("--rss-bound-mb", type=float, default=64.0, help="growth at rest, in use")
+    p.add_argument("--slope-bound-mb", type=float, default=4.0, help="in use, MB per 1000")
+    p.add_argument("--peak-bound-mb", type=float, default=512.0, help="under load over rest")
+    p.add_argument("--sample-every", type=float, default=2.0, help="seconds between samples")
+    p.add_argument("--idle-wait", type=float, default=3.0, help="seconds idle before the last")
     p.add_argument("--out", default=None, help="write the report as JSON here")
     args = p.parse_args(argv)
     proc = None
@@ -220,28 +299,28 @@ def main(argv: list[str] | None = None) -> None:
             args.server_args += f" --api-key {args.api_key}"
         server = launch(args.launch, args.server_args)
         proc, url = server.proc, server.url
-        pid: int | None = proc.pid
     else:
-        url, pid = args.base_url, args.pid
+        url = args.base_url
     try:
-        report = asyncio.run(soak(args, url, pid))
+        report = asyncio.run(soak(args, url))
     finally:
         if proc is not None:
             proc.terminate()
             report_rc = proc.wait(60)
     if proc is not None:
         report["exit_code_after_sigterm"] = report_rc
-    drift = None
-    if report["rss_start_mb"] is not None and report["rss_end_mb"] is not None:
-        drift = report["rss_end_mb"] - report["rss_start_mb"]
-    report["rss_drift_mb"] = drift
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    m = report["memory"]
+    slope = m["heap_in_use_slope_second_half_mb_per_1000"]
     failed = (
         report["server_errors"] > 0
         or not report["integrity"]["ok"]
-        or (drift is not None and drift > args.rss_bound_mb)
+        or m["rss_drift_at_rest_mb"] > args.rss_bound_mb
+        or (m["heap_in_use_drift_mb"] or 0) > args.rss_bound_mb
+        or (slope is not None and slope > args.slope_bound_mb)
+        or m["rss_peak_over_warm_mb"] > args.peak_bound_mb
         or report.get("exit_code_after_sigterm", 0) != 0
     )
     sys.exit(1 if failed else 0)

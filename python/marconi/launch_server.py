@@ -53,6 +53,8 @@ _HELP = {
     "log_level": "debug, info, warning or error",
     "num_threads": "torch CPU threads (default: torch's choice)",
     "drain_timeout": "seconds in-flight requests get to finish after SIGTERM/SIGINT",
+    "heap_trim_interval": "when idle after serving, give freed heap back to the OS "
+    "(malloc_trim) at most this often, seconds (0: never)",
     "api_key": f"require 'Authorization: Bearer KEY' on /v1/* and /debug/* (or set ${API_KEY_ENV})",
     "max_queued_requests": "requests waiting for admission beyond which a new one gets 503",
     "max_request_bytes": "largest request body (413 beyond)",
@@ -77,6 +79,7 @@ class ServerArgs:
     log_level: str = "info"
     num_threads: int | None = None
     drain_timeout: float = 30.0
+    heap_trim_interval: float = 10.0
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -143,11 +146,13 @@ class ServerHandle:
         from marconi.engine.async_engine import AsyncEngine
         from marconi.engine.chat import ChatTemplate
         from marconi.engine.engine import Engine
+        from marconi.engine.heap import HeapTrimmer
         from marconi.server.api import create_app
 
         t0 = time.perf_counter()
         engine = Engine(engine_config)
-        self.engine = AsyncEngine(engine)
+        interval = args.heap_trim_interval
+        self.engine = AsyncEngine(engine, HeapTrimmer(interval) if interval > 0 else None)
         name = args.served_model_name or engine_config.model
         self.limits = limits or Limits()
         template = ChatTemplate.for_model(engine.model_path)

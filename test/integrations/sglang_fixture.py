@@ -5,10 +5,17 @@ Builds what SGLang's model runner builds for a hybrid model: a ``HybridReqToToke
 ``TreeCacheBuildContext``; the cache itself comes from SGLang's registry. ``Session`` drives
 requests through the scheduler's calls: ``Req.init_next_round_input`` (match), prefill into the
 request's own slots, ``checkpoint`` on finish (insert), ``free_kv_row`` and ``unlock``.
+
+Page size > 1 needs SGLang's ``extra_buffer`` Mamba mode (its ``MambaComponent`` asserts page
+size 1 without it): the KV allocator is SGLang's ``PagedTokenToKVPoolAllocator``, each request
+holds its working state plus two ping-pong tracking slots, and ``Session`` moves the tracked
+state the way the scheduler does (after a prefill: the last whole checkpoint-grid position, or
+the branch point; in decode: every ``TRACK_INTERVAL`` tokens).
 """
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -17,7 +24,7 @@ from typing import Any
 import torch
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
@@ -32,6 +39,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 NUM_LAYERS = 8
 FULL_LAYERS = (3, 7)  # attention layers; the other six are Mamba-2
 CHUNK = 4  # mamba_cache_chunk_size: branch points are rounded down to multiples of it
+TRACK_INTERVAL = 8  # --mamba-track-interval (extra_buffer): decode tracks a state this often
 
 #: A tiny Nemotron-H-shaped HF config (what ``ModelConfig.hf_config.to_dict()`` gives).
 HF_CONFIG: dict[str, Any] = {
@@ -62,12 +70,32 @@ class Fixture:
     pool: Any
     kv_size: int
     mamba_size: int
+    page_size: int = 1
+
+    @property
+    def extra_buffer(self) -> bool:
+        return bool(self.pool.enable_mamba_extra_buffer)
+
+    def held_kv(self, req: Req) -> int:
+        """KV slots ``req`` holds outside the tree (its whole pages past the protected prefix)."""
+        p = self.page_size
+        return -(-req.kv.kv_allocated_len // p) * p - req.kv.cache_protected_len
+
+    def held_states(self, req: Req) -> int:
+        """Mamba slots ``req`` holds: its working state, plus its tracking slots."""
+        track = req.kv.mamba_ping_pong_empty or []
+        return int(req.kv.mamba_pool_idx is not None) + sum(not e for e in track)
 
 
 def state_pool(
-    cache_params: Mamba2CacheParams, mamba_size: int, size: int = 8, max_context_len: int = 512
+    cache_params: Mamba2CacheParams,
+    mamba_size: int,
+    size: int = 8,
+    max_context_len: int = 512,
+    extra_buffer: bool = False,
 ) -> HybridReqToTokenPool:
-    """A real SGLang request pool on CPU with ``mamba_size`` Mamba state slots (no_buffer)."""
+    """A real SGLang request pool on CPU with ``mamba_size`` Mamba state slots (``no_buffer``,
+    or ``extra_buffer``: two tracking slots per request)."""
     return HybridReqToTokenPool(
         size=size,
         mamba_size=mamba_size,
@@ -77,7 +105,7 @@ def state_pool(
         enable_memory_saver=False,
         cache_params=cache_params,
         mamba_layer_ids=cache_params.layers,
-        enable_mamba_extra_buffer=False,
+        enable_mamba_extra_buffer=extra_buffer,
         speculative_num_draft_tokens=3,
     )
 
@@ -90,9 +118,12 @@ def build(
     hf_config: dict[str, Any] | None = None,
 ) -> Fixture:
     """A hybrid-model cache built by SGLang's registry factory ``backend`` (None: SGLang's
-    default selection chain, i.e. ``--prefix-cache lru``)."""
+    default selection chain, i.e. ``--prefix-cache lru``); ``extra_buffer`` Mamba mode for
+    page sizes > 1."""
+    extra_buffer = page_size > 1
     server_args = ServerArgs(model_path="dummy", page_size=page_size, radix_cache_backend=backend)
     server_args._mamba_cache_chunk_size = CHUNK
+    server_args.mamba_track_interval = TRACK_INTERVAL
     set_global_server_args_for_scheduler(server_args)
     mamba_layers = [i for i in range(NUM_LAYERS) if i not in FULL_LAYERS]
     shape = Mamba2StateShape.create(
@@ -104,7 +135,8 @@ def build(
         state_size=16,
         conv_kernel=4,
     )
-    pool = state_pool(Mamba2CacheParams(shape=shape, layers=mamba_layers), mamba_size)
+    params = Mamba2CacheParams(shape=shape, layers=mamba_layers)
+    pool = state_pool(params, mamba_size, extra_buffer=extra_buffer)
     kv_pool = HybridLinearKVPool(
         size=kv_size,
         dtype=torch.bfloat16,
@@ -116,14 +148,21 @@ def build(
         enable_memory_saver=False,
         mamba_pool=pool.mamba_pool,
     )
-    allocator = TokenToKVPoolAllocator(
-        size=kv_size, dtype=torch.bfloat16, device="cpu", kvcache=kv_pool, need_sort=False
-    )
-    params = CacheInitParams(
+    if page_size == 1:
+        allocator = TokenToKVPoolAllocator(
+            size=kv_size, dtype=torch.bfloat16, device="cpu", kvcache=kv_pool, need_sort=False
+        )
+    else:
+        allocator = PagedTokenToKVPoolAllocator(
+            size=kv_size, page_size=page_size, dtype=torch.bfloat16, device="cpu",
+            kvcache=kv_pool, need_sort=False,
+        )  # fmt: skip
+    cache_params = CacheInitParams(
         disable=False,
         req_to_token_pool=pool,
         token_to_kv_pool_allocator=allocator,
         page_size=page_size,
+        enable_mamba_extra_buffer=extra_buffer,
         # SGLang's default core is Rust; the tests inspect Python nodes (Marconi forces Python).
         tree_core_backend="python",
     )
@@ -133,7 +172,7 @@ def build(
     )
     ctx = TreeCacheBuildContext(
         server_args=server_args,
-        params=params,
+        params=cache_params,
         is_hybrid_swa=False,
         is_hybrid_ssm=True,
         enable_hierarchical_cache=False,
@@ -146,7 +185,7 @@ def build(
     )
     factory = default_radix_cache_factory if backend is None else get_radix_cache_factory(backend)
     assert factory is not None, f"backend {backend!r} is not registered"
-    return Fixture(factory(ctx), allocator, pool, kv_size, mamba_size)
+    return Fixture(factory(ctx), allocator, pool, kv_size, mamba_size, page_size)
 
 
 class Session:
@@ -168,33 +207,67 @@ class Session:
         )
         self._rid += 1
         req.init_next_round_input(fx.cache)
-        if fx.pool.mamba_allocator.available_size() < 1:  # as the scheduler: free a state first
-            fx.cache.evict(EvictParams(mamba_num=1))
+        need = 1 + fx.pool.mamba_initial_tracking_slots  # as the scheduler: free states first
+        short = need - fx.pool.mamba_allocator.available_size()
+        if short > 0:
+            fx.cache.evict(EvictParams(mamba_num=short))
         fx.pool.alloc([req])
         req.lock = fx.cache.lock(req.last_node)
         prefix = fx.cache.path_device_indices(req.last_node)[: req.prefix_len]
-        need = len(input_ids) - req.prefix_len
-        short = need - fx.allocator.available_size()
-        if short > 0:
-            fx.cache.evict(EvictParams(num_tokens=short))
-        new = fx.allocator.alloc(need)
-        assert new is not None, "out of KV slots"
         fx.pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix)
-        fx.pool.write((req.kv.req_pool_idx, slice(req.prefix_len, len(input_ids))), new)
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(input_ids)
+        self._append(req, req.prefix_len, len(input_ids))
         req.kv.cache_protected_len = req.prefix_len
         req.extend_end = len(input_ids)
+        if fx.extra_buffer:
+            self._track_prefill(req)
         return req
 
     def decode(self, req: Req, output_ids: list[int]) -> None:
-        """Append decoded tokens (one KV slot each)."""
-        fx = self.fx
-        start = req.kv.kv_committed_len
-        new = fx.allocator.alloc(len(output_ids))
+        """Append decoded tokens (one KV slot each), tracking states as the scheduler does."""
+        for token in output_ids:
+            req.output_ids = array("q", [*req.output_ids, token])
+            self._append(req, req.kv.kv_committed_len, req.kv.kv_committed_len + 1)
+            if self.fx.extra_buffer and req.kv.kv_committed_len % TRACK_INTERVAL == 0:
+                self._track(req, req.kv.kv_committed_len)
+
+    def _append(self, req: Req, start: int, end: int) -> None:
+        """KV slots for positions ``[start, end)`` (evicting first if short), in the row."""
+        fx, p = self.fx, self.fx.page_size
+        short = (-(-end // p) - -(-start // p)) * p - fx.allocator.available_size()
+        if short > 0:
+            fx.cache.evict(EvictParams(num_tokens=short))
+        if p == 1:
+            new = fx.allocator.alloc(end - start)
+        else:
+            row = fx.pool.req_to_token[req.kv.req_pool_idx]
+            last = row[start - 1 : start].long() if start else torch.tensor([-1])
+            at = [torch.tensor([x]) for x in (start, start, end, end)]
+            new = fx.allocator.alloc_extend(*at, last, end - start)
         assert new is not None, "out of KV slots"
-        req.output_ids = array("q", [*req.output_ids, *output_ids])
-        fx.pool.write((req.kv.req_pool_idx, slice(start, start + len(output_ids))), new)
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = start + len(output_ids)
+        fx.pool.write((req.kv.req_pool_idx, slice(start, end)), new)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+
+    def _track_prefill(self, req: Req) -> None:
+        """The state a prefill tracks (``ScheduleBatch``'s extra_buffer branch): the last whole
+        checkpoint-grid position of the extend, or the branch point inside it."""
+        grid = CHUNK if self.fx.page_size == 1 else math.lcm(CHUNK, self.fx.page_size)
+        extend = req.extend_end - req.prefix_len
+        if extend < grid:
+            return
+        at = req.prefix_len + extend // grid * grid
+        branch = req.mamba_branching_seqlen
+        if branch is not None and req.prefix_len < branch < at:
+            at = branch if (branch - req.prefix_len) % CHUNK == 0 else at
+        self._track(req, at, prefill=True)
+
+    def _track(self, req: Req, seqlen: int, prefill: bool = False) -> None:
+        """The next ping-pong slot now holds the state at ``seqlen``."""
+        kv, pool = req.kv, self.fx.pool
+        if not prefill:  # decode keeps the previous checkpoint's length (a short key's fallback)
+            kv.mamba_prev_track_seqlen = kv.mamba_last_track_seqlen
+        kv.mamba_last_track_idx = kv.mamba_next_track_idx
+        kv.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(kv.mamba_next_track_idx)
+        kv.mamba_last_track_seqlen = seqlen
 
     def checkpoint(self, req: Req, up_to: int) -> None:
         """What ``checkpoint_kv_cache`` does when a prefill chunk ends at ``up_to``."""

@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from marconi.engine.heap import HeapTrimmer
 from marconi.launch_server import ServerHandle, free_port, parse_args
 
 from .conftest import ASCII_ONLY, wait_idle
@@ -164,6 +165,25 @@ def test_client_disconnect_frees_the_request(marconi_server: ServerHandle) -> No
     wait_idle(url)
     metrics = httpx.get(f"{url}/metrics").text
     assert 'marconi_requests_total{finish_reason="abort"} 2.0' in metrics
+
+
+def test_debug_memory_reports_the_heap_and_the_idle_trim(marconi_server: ServerHandle) -> None:
+    url, engine = marconi_server.url, marconi_server.engine
+    default = engine.trimmer
+    assert default is not None and default.interval == 10.0  # --heap-trim-interval's default
+    engine.trimmer = HeapTrimmer(0.01)  # the engine thread reads it on every pass
+    try:
+        httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
+        wait_idle(url)
+        deadline = time.monotonic() + 10
+        while (body := httpx.get(f"{url}/debug/memory").json())["trimmer"]["trims"] < 1:
+            assert time.monotonic() < deadline, body  # idle after serving: trimmed once
+            time.sleep(0.05)
+    finally:
+        engine.trimmer = default
+    assert body["rss"] > 100 and body["trimmer"]["interval_s"] == 0.01
+    if body["in_use"] is not None:  # glibc
+        assert 0 < body["in_use"] < body["arena"] + body["mmapped"]
 
 
 def test_launch_server_cli_starts_logs_and_serves() -> None:

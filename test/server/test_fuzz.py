@@ -102,7 +102,7 @@ def bodies(model: type) -> st.SearchStrategy[dict]:
 
 
 ROUTES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
-GET_ROUTES = ("/health", "/v1/models", "/metrics", "/debug/cache")
+GET_ROUTES = ("/health", "/v1/models", "/metrics", "/debug/cache", "/debug/memory")
 FUZZ = settings(
     max_examples=100 * SCALE,
     deadline=None,

@@ -160,7 +160,7 @@ def test_one_bad_request_never_hurts_one_in_flight(guarded: ServerHandle) -> Non
 
 def test_api_key_guards_v1_and_debug_only(guarded: ServerHandle) -> None:
     url = guarded.url
-    for path in ("/v1/models", "/debug/cache"):
+    for path in ("/v1/models", "/debug/cache", "/debug/memory"):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = httpx.get(f"{url}{path}", headers=headers)
             assert r.status_code == 401, (path, headers)

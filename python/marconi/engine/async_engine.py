@@ -7,7 +7,8 @@ When idle it blocks on the command queue (no busy loop).
 Faults: the engine fails a faulty request alone (``Engine.step``); should a step still raise,
 every request in flight fails with ``finish_reason="error"`` and the thread keeps serving.
 ``num_queued()`` (requests submitted but not yet admitted) is what the server bounds with
-``--max-queued-requests``.
+``--max-queued-requests``. With a ``HeapTrimmer`` the thread also gives glibc's free heap
+back to the OS when it goes idle (``marconi.engine.heap``; ``--heap-trim-interval``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from marconi.engine.request import StepOutput
 
 if TYPE_CHECKING:
     from marconi.engine.engine import Engine
+    from marconi.engine.heap import HeapTrimmer
     from marconi.engine.request import Req
 
 log = logging.getLogger("marconi.engine")
@@ -36,8 +38,9 @@ class AsyncEngine:
     from the returned queue until one has ``finished``; ``abort`` frees a request wherever it
     is; ``call(fn)`` runs ``fn(engine)`` between steps (consistent snapshots, checks)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, trimmer: HeapTrimmer | None = None) -> None:
         self.engine = engine
+        self.trimmer = trimmer
         self._cmds: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()
@@ -96,6 +99,8 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self._stop.is_set():
             idle = not self.engine.has_unfinished()
+            if self.trimmer is not None:
+                self.trimmer.tick(busy=not idle)
             try:
                 self._handle(*self._cmds.get(block=idle, timeout=1.0 if idle else None))
                 while True:

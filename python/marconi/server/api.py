@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from marconi.engine.chat import ChatTemplate, Message
 from marconi.engine.engine import RequestError
+from marconi.engine.heap import heap_stats
 from marconi.server import protocol as P
 from marconi.server.guard import BearerAuth, ClientGone, Limits, read_json
 from marconi.server.metrics import ServerMetrics
@@ -119,6 +120,12 @@ def create_app(
         out = await engine.call(check)
         out["size"] = (await engine.call(lambda e: e.stats().size))._asdict()
         return JSONResponse(out, status_code=200 if out["ok"] else 500)
+
+    @app.get("/debug/memory")
+    async def debug_memory() -> dict[str, Any]:
+        """RSS and glibc's heap figures (MB), and what the heap trimmer gave back."""
+        trimmer = engine.trimmer
+        return {**heap_stats()._asdict(), "trimmer": trimmer and trimmer.report()}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
