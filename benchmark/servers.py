@@ -8,6 +8,9 @@
   ``IndexError`` in ``mamba_mixer2.conv_ssm_forward`` on prefill steps spanning more than one
   256-token block), default OpenMP thread binding;
 - ``vllm-bind``: the same with ``VLLM_CPU_OMP_THREADS_BIND=0-<cores-1>``.
+
+Our names may carry extra flags for A/B runs: ``marconi/num-threads=1/chunked-prefill-size=256``
+starts ``--prefix-cache marconi ARGS --num-threads 1 --chunked-prefill-size 256``.
 """
 
 from __future__ import annotations
@@ -70,8 +73,10 @@ def command(name: str, port: int, server_args: str) -> tuple[list[str], dict[str
         cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
                str(folder), *VLLM_FLAGS, "--port", str(port)]  # fmt: skip
         return cmd, env
+    policy, *extra = name.split("/")
+    flags = [w for kv in extra for w in (f"--{kv.partition('=')[0]}", kv.partition("=")[2])]
     cmd = [sys.executable, "-m", "marconi.launch_server", "--port", str(port)]
-    return [*cmd, "--prefix-cache", name, *server_args.split()], env
+    return [*cmd, "--prefix-cache", policy, *server_args.split(), *flags], env
 
 
 def launch(name: str, server_args: str, timeout: float = 600, log: Path | None = None) -> Server:
