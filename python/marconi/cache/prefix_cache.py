@@ -119,13 +119,19 @@ class PrefixCache:
         """Speculative insertion; read-only. See ``RadixTree.branch_point``."""
         return self.tree.branch_point(tokens)
 
-    def plan_prefill(self, tokens: np.ndarray, match: MatchResult) -> tuple[int, ...]:
-        """Positions where this request's prefill should capture a state (admission policy)."""
+    def plan_prefill(
+        self, tokens: np.ndarray, match: MatchResult, key: np.ndarray | None = None
+    ) -> tuple[int, ...]:
+        """Positions where this request's prefill should capture a state (admission policy).
+        ``key``: the prefix of ``tokens`` that was matched (the match rule's key; default all of
+        ``tokens``); speculative insertion runs on it, as SGLang computes its branching seqlen
+        from the matched key (a branch past the key could serve no request with this input)."""
         if self.pools.state is None:
             return ()
         if self.admission.learns:
             self.admission.observe_prefill(tokens, match.kv_len, match.usable_len)
-        ctx = AdmissionContext(len(tokens), match.usable_len, self.branch_point(tokens))
+        branch = self.branch_point(tokens if key is None else key)
+        ctx = AdmissionContext(len(tokens), match.usable_len, branch)
         return self.admission.prefill_positions(ctx)
 
     def plan_decode(self, input_len: int, seq_len: int) -> tuple[int, ...]:
