@@ -128,9 +128,10 @@ class PrefixCache:
         from the matched key (a branch past the key could serve no request with this input)."""
         if self.pools.state is None:
             return ()
+        key = tokens if key is None else key
         if self.admission.learns:
-            self.admission.observe_prefill(tokens, match.kv_len, match.usable_len)
-        branch = self.branch_point(tokens if key is None else key)
+            self.admission.observe_prefill(tokens, len(key), match.usable_len)
+        branch = self.branch_point(key)
         ctx = AdmissionContext(len(tokens), match.usable_len, branch)
         return self.admission.prefill_positions(ctx)
 
