@@ -2,15 +2,22 @@
 
 SGLang's ``UnifiedRadixCache`` with two components swapped in through its own
 ``component_registry_override`` hook; the tree, pools, locks and integrity checks stay SGLang's.
+The decisions are a ``marconi.cache`` preset's (``--marconi-preset``, default ``marconi``:
+learned admission + hit-density eviction; ``marconi-paper``: the paper's), made through
+``MarconiPolicy`` in the order of the lease lifecycle (``marconi.cache.lease``):
 
-- admission (``MarconiMambaComponent.prepare_for_caching_req``): SGLang hands the tree a state at
-  every prefill-chunk checkpoint (``no_buffer``) or every tracked state (``extra_buffer``), and at
-  finish; Marconi keeps only the branch point (``mamba_branching_seqlen``, SGLang's
-  speculative-insertion result) and the finished request's state (after its last decoded token).
+- plan (``MarconiRadixCache.plan_request``, once per request when its prefill is first
+  scheduled, on its latest match): the admission observes the request and plans its prefill
+  states; ``branch_split``'s hooks end prefill chunks at the planned positions.
+- admission (``MarconiMambaComponent.prepare_for_caching_req``): SGLang hands the tree a state
+  at every prefill-chunk end (``no_buffer``) or tracked state (``extra_buffer``), and at finish;
+  it is kept only where the plan (prefill) or the admission's decode positions (finish) put one.
+- finish (``checkpoint_into_tree`` of a finished request): the admission observes the fed tokens
+  (``PrefixCache.insert``'s hook), the alpha tuner gets the request.
 - state eviction (``MarconiMambaComponent``): SGLang walks its Mamba LRU list; Marconi orders
-  leaves and single-child state holders by ``FlopAware.priority`` (multi-child holders last).
-- KV eviction (``MarconiFullComponent``): SGLang's leaf heap, keyed by the FLOP-aware score
-  instead of ``--radix-eviction-policy``.
+  leaves and single-child state holders by the preset's eviction priority (multi-child holders
+  last). KV eviction (``MarconiFullComponent``): SGLang's leaf heap, keyed by the same priority.
+  A learning eviction records every hit (at plan) and eviction on the policy's clock.
 
 Contracts kept from SGLang: an insert always carries a state at its end (so a declined state
 means the request's KV is not inserted at that checkpoint: it stays the request's, as in SGLang's
@@ -18,12 +25,11 @@ own "no tracked state" path); eviction never touches locked data; a walk returns
 controller to delete or tombstones one internal state per step. Not supported with the backend
 (rejected at construction): HiCache, session radix cache, int8 Mamba checkpoints.
 
-The decisions are made by ``marconi.cache`` classes through ``MarconiPolicy``; the cost model
-comes from the served model's HF config through the layer specs (``marconi.cache.spec``), in the
-dtypes of SGLang's own pools (``cost_model_for``). Match rule: SGLang's own, which is our
-last-token rule (``names.SGLANG_MATCH_RULE``; the alpha tuner replays with it). With
+The cost model comes from the served model's HF config through the layer specs
+(``marconi.cache.spec``), in the dtypes of SGLang's own pools (``cost_model_for``). Match rule:
+SGLang's own, which is our last-token rule (``names.SGLANG_MATCH_RULE``). With
 ``--marconi-alpha auto`` (the default) ``BackendAlphaTuner`` (``tuning.py``) is fed every finished
-request (``checkpoint_into_tree`` of a finished request) and moves the policy's alpha.
+request and moves the policy's value weight.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Marconi's admission and eviction decisions, expressed on SGLang's tree nodes.
+"""Marconi's admission and eviction decisions, expressed on SGLang's tree nodes and requests.
 
 No SGLang import: a node is anything with ``parent``, ``children``, ``key`` (sized) and
 ``last_access_time``, which is what SGLang's ``UnifiedTreeNode`` has. The decisions themselves
-come from ``marconi.cache`` (``MarconiAdmission``, ``FlopAware``, ``CostModel``): this module
-only translates SGLang's view of a request and a node into their inputs.
+come from the classes of a ``marconi.cache`` preset (admission, eviction, ``CostModel``), built
+as ``PrefixCache`` builds them: this module only translates SGLang's view of a request and a
+node into their inputs, and feeds them in the order ``marconi.cache.lease.Leases`` does.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class MarconiStats:
 
     states_admitted: int = 0  # states handed to the tree
     states_declined: int = 0  # states SGLang would have cached but Marconi's admission skipped
-    branch_states: int = 0  # admitted at a branch point (purely-input reuse)
-    decode_states: int = 0  # admitted after the last decoded token (input-and-output reuse)
+    branch_states: int = 0  # admitted at a planned prefill position (branch point, prompt end..)
+    decode_states: int = 0  # admitted at finish (a decode position: the last decoded token)
     states_reused: int = 0  # matches that resumed from a cached state
     hit_tokens: int = 0  # tokens served from the cache (state-backed prefix)
     query_tokens: int = 0  # tokens looked up
@@ -56,7 +57,7 @@ class MarconiStats:
         return (
             f"marconi: hit_tokens={self.hit_tokens}/{self.query_tokens} "
             f"({100 * self.hit_rate:.1f}%) states admitted={self.states_admitted} "
-            f"(branch={self.branch_states} decode={self.decode_states}) "
+            f"(prefill={self.branch_states} decode={self.decode_states}) "
             f"declined={self.states_declined} reused={self.states_reused} "
             f"evicted kv_leaves={self.kv_evictions} states={self.state_evictions} "
             f"alpha={self.alpha:g}"
@@ -230,4 +231,10 @@ class MarconiPolicy:
     def _tick(self) -> None:
         self._events += 1
         if self._events % self.stats._log_every == 0:
-            logger.info(self.stats.summary())
+            enabled = getattr(self.admission, "enabled", None)  # the learned admission's kinds
+            kinds = (
+                ""
+                if enabled is None
+                else " kinds=" + ",".join(sorted(k.name.lower() for k in enabled))
+            )
+            logger.info(self.stats.summary() + kinds)
