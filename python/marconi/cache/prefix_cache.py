@@ -342,7 +342,8 @@ class PrefixCache:
 
 
 def clone_cache(cache: PrefixCache) -> PrefixCache:
-    """An independent copy of ``cache`` (tree, pools, policies, counters) for what-if replays
+    """An independent copy of ``cache`` (tree, pools, policies with their learned state, counters)
+    for what-if replays
     (alpha tuning). Iterative, so deep trees do not hit the recursion limit. Slots only, no
     tensors (the cache core never has any). Locks are copied as they are."""
     import copy
@@ -361,6 +362,8 @@ def clone_cache(cache: PrefixCache) -> PrefixCache:
         st.meter = meters[id(cache.pools.state.meter)]
     new.pools = new.pools._replace(kv=kv, state=st)
     new.eviction = copy.deepcopy(cache.eviction)
+    if cache.admission.learns:  # a what-if replay must not teach the real cache's admission
+        new.admission = copy.deepcopy(cache.admission)
     new.stats = copy.copy(cache.stats)
     tree = copy.copy(cache.tree)
     tree.pools = new.pools
