@@ -14,8 +14,8 @@ chunk) and ``PrefillAdder.add_chunked_req`` (every later chunk of a chunked requ
 latest match, as ``Leases.begin`` plans) and, when a planned position lies inside the tokens
 this chunk would prefill, the chunk budget for this request is capped so that the chunk ends
 there (the paper's split prefill, generalised: prefix, then the rest). The request continues as
-SGLang's own chunked request in the next round; the rest of the batch keeps its budget.
-``lru`` is untouched.
+SGLang's own chunked request in the next round, and the batch ends with it, as after SGLang's
+own chunking (SGLang runs one chunked request at a time). ``lru`` is untouched.
 """
 
 from __future__ import annotations
@@ -57,5 +57,11 @@ def split_prefill_at_plan(original: Callable[..., Any], adder: Any, req: Any, *a
     adder.rem_chunk_tokens = cut
     try:
         return original(adder, req, *args, **kwargs)
-    finally:  # charge what this request used against the batch's real budget
-        adder.rem_chunk_tokens = budget - (cut - adder.rem_chunk_tokens)
+    finally:
+        if adder.rem_chunk_tokens <= 0:
+            # the request took its cut chunk and goes on as the chunked request: the batch ends
+            # here, as it does after SGLang's own chunk (one chunked request at a time: another
+            # request chunked in this batch would trip the scheduler's ``chunked_req`` assert)
+            adder.rem_chunk_tokens = 0
+        else:  # not admitted (or took less): the batch keeps its real budget
+            adder.rem_chunk_tokens = budget - (cut - adder.rem_chunk_tokens)
