@@ -178,7 +178,6 @@ class ShadowTuner(AlphaTuner):
         "decay": 0.8,
         "margin": 0.005,
         "patience": 1,
-        "margin_of_inputs": 0,  # 1: the margin is a fraction of the input tokens, not of hits
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -188,8 +187,6 @@ class ShadowTuner(AlphaTuner):
         cfg = {**self.DEFAULTS, **hints, **opts}
         self.window, self.patience = int(cfg["window"]), int(cfg["patience"])
         self.decay, self.margin = float(cfg["decay"]), float(cfg["margin"])
-        self.margin_of_inputs = bool(cfg["margin_of_inputs"])
-        self.inputs = 0.0  # decayed input tokens of the windows scored so far
         self._leads: tuple[int, int] = (-1, 0)  # (index of the leading alpha, windows in a row)
         self.shadows = []
         for alpha in self.grid:
@@ -207,14 +204,11 @@ class ShadowTuner(AlphaTuner):
         t = time.perf_counter()
         scores = [self.replay(shadow, self._pending) for shadow in self.shadows]
         self.tuning_s += time.perf_counter() - t
-        if self.margin_of_inputs:  # items are ``FedRequest``s (input ids, fed tokens)
-            self.inputs = self.decay * self.inputs + sum(len(item[0]) for item in self._pending)
         self._pending = []
         self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
         cur = self.grid.index(self.cache.alpha) if self.cache.alpha in self.grid else 0
         best = max(range(len(self.grid)), key=lambda i: (self.totals[i], -i))
-        base = self.inputs if self.margin_of_inputs else self.totals[cur]
-        if self.totals[best] > self.totals[cur] + self.margin * base:
+        if self.totals[best] > self.totals[cur] * (1 + self.margin):
             lead, n = self._leads
             self._leads = (best, n + 1 if lead == best else 1)
             if self._leads[1] >= self.patience:
