@@ -105,6 +105,17 @@ def test_prefix_cache_flag_maps_to_radix_cache_backend() -> None:
         prepare_server_args(["--model-path", "m", "--prefix-cache", "fifo"])
 
 
+def test_marconi_preset_flag_reaches_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.setenv(plugin.PRESET_ENV, "")  # restored after the test
+    args = ["--model-path", "m", "--prefix-cache", "marconi", "--marconi-preset", "marconi-paper"]
+    prepare_server_args(args)
+    assert isinstance(build().cache.marconi.eviction, FlopAware)
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", "m", "--marconi-preset", "sglang+"])
+
+
 def test_launch_server_help_lists_prefix_cache_marconi() -> None:
     """The real entry point: ``python -m sglang.launch_server --help`` loads the installed
     plugin through the ``sglang.srt.plugins`` entry-point group."""

@@ -52,8 +52,8 @@ def _factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     return marconi_cache_factory(ctx)
 
 
-class PrefixCacheAction(argparse.Action):
-    """``--prefix-cache NAME``: writes the mapped backend into ``radix_cache_backend``."""
+class _FlagAction(argparse.Action):
+    """An action that stores what ``apply(parser, namespace, value)`` returns."""
 
     def __call__(
         self,
@@ -62,42 +62,44 @@ class PrefixCacheAction(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        namespace.radix_cache_backend = PREFIX_CACHE_CHOICES[str(values)]
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.apply(parser, namespace, str(values)))
+
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
+        raise NotImplementedError
 
 
-class MarconiPresetAction(argparse.Action):
+class PrefixCacheAction(_FlagAction):
+    """``--prefix-cache NAME``: writes the mapped backend into ``radix_cache_backend``."""
+
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
+        namespace.radix_cache_backend = PREFIX_CACHE_CHOICES[value]
+        return value
+
+
+class MarconiPresetAction(_FlagAction):
     """``--marconi-preset NAME``: exported as ``$SGLANG_MARCONI_PRESET`` for the cache
     processes."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        os.environ[PRESET_ENV] = str(values)
-        setattr(namespace, self.dest, values)
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
+        os.environ[PRESET_ENV] = value
+        return value
 
 
-class MarconiAlphaAction(argparse.Action):
+class MarconiAlphaAction(_FlagAction):
     """``--marconi-alpha auto|X``: exported as ``$SGLANG_MARCONI_ALPHA`` for the cache
     processes (the namespace gets None for ``auto``, else the float)."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
         try:
-            alpha = parse_alpha(str(values))
+            alpha = parse_alpha(value)
         except ValueError as e:
             parser.error(f"--marconi-alpha: {e}")
         os.environ[ALPHA_ENV] = AUTO if alpha is None else repr(alpha)
-        setattr(namespace, self.dest, alpha)
+        return alpha
 
 
 def add_prefix_cache_args(parser: argparse.ArgumentParser) -> None:
