@@ -8,7 +8,8 @@
 # system prompts, multi-turn; GSP_* below), keeps the JSONL results, and prints TTFT P50/P95,
 # ITL P50 and the cached-token fraction side by side; then marconi's benchmark/bench_serving.py
 # ShareGPT multi-turn replay against the same servers and (OURS_PY=.venv/bin/python) against
-# marconi's own engine. Servers run one at a time.
+# marconi's own engine. Servers run one at a time; CACHES (default "lru marconi", also
+# "marconi-paper") picks them.
 #
 # Needs sglang==0.5.23 + the plugin in $PY (here: `make install-sglang`, PY=.venv-sglang/bin/python;
 # on a GPU host: SGLang's CUDA stack, e.g. the docker/Dockerfile image). Logs and results in $OUT.
@@ -58,8 +59,12 @@ run() {  # $1 = model folder, $2 = label, rest = extra server flags
 }
 for name in $MODELS; do
   model=$("$PY" -c "from marconi.models.tiny import ensure_tiny; print(ensure_tiny('$name'))")
-  run "$model" "$name/lru" --prefix-cache lru
-  run "$model" "$name/marconi" --prefix-cache marconi
+  for cache in ${CACHES:-lru marconi}; do  # marconi-paper: the paper's design
+    case $cache in
+      marconi-paper) run "$model" "$name/$cache" --prefix-cache marconi --marconi-preset marconi-paper ;;
+      *) run "$model" "$name/$cache" --prefix-cache "$cache" ;;
+    esac
+  done
   # the same replay against marconi's own engine and server (OURS_PY: its venv; CPU only)
   if [[ -n ${OURS_PY:-} && $DEVICE == cpu ]]; then
     "$OURS_PY" benchmark/bench_serving.py --launch marconi --server-args "--model $name" \
@@ -73,10 +78,11 @@ import json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
 print(f"{'sglang.bench_serving (gsp)':<28}{'TTFT P50':>9}{'TTFT P95':>9}{'ITL P50':>8}{'cached':>8}{'req':>5}")
 for name in sys.argv[2:]:
-    for cache in ("lru", "marconi"):
+    for cache in ("lru", "marconi", "marconi-paper"):
         f = out / f"bench-{name}-{cache}.jsonl"
         if not f.is_file():
-            print(f"{name}/{cache}: no result")
+            if cache != "marconi-paper":
+                print(f"{name}/{cache}: no result")
             continue
         r = json.loads(f.read_text().splitlines()[-1])
         # the cached-token totals are in bench_serving's printed "Cache Hit Details"

@@ -64,7 +64,8 @@ def test_cache_manager_slots_copies_and_counts_step_by_step() -> None:
     again = mgr.admit(prompt, 12)  # the same prompt: the state sits after 12, not within 9
     assert again is not None and again.prefix_len == 0
     assert again.pages.tolist() == list(range(12, 24))  # the freed ids first, then fresh ones
-    assert (again.working, again.captures) == (1, {10: 2})  # 10 would split the edge: branch
+    # speculative insertion on the match key (the prompt but its last token): 9 splits the edge
+    assert (again.working, again.captures) == (1, {9: 2})
 
 
 def test_scheduler_batches_slots_and_decode_captures_exactly() -> None:
@@ -108,11 +109,13 @@ def test_replayer_records_exact_hits_states_and_uncached_requests() -> None:
     hits = [rp.serve(r).hit_len for r in (t1, t2, t3, huge)]
     assert hits == [0, 12, 12, 0]
     assert (rp.hit_tokens, rp.uncached, len(rp.reused_states)) == (24, 1, 1)
-    # t3's input ends inside t2's edge: its branch checkpoint (slot 3) splits it at 18; its
+    # t3's key (its input but the last token) ends inside t2's edge: its branch checkpoint
+    # (slot 3) splits it at 17, where a resend of this input would resume; its
     # working slot 2 is freed (a 1-token output plans no decode state); huge evicted nothing
-    _size(cache, kv_free=81, kv_cached=19, state_free=7, state_cached=3, nodes=3)
+    # (its insert, which ends at 18, splits the edge there too)
+    _size(cache, kv_free=81, kv_cached=19, state_free=7, state_cached=3, nodes=4)
     assert sorted((n.start, n.end, n.state) for n in cache.tree.iter_nodes()) == [
-        (0, 12, 0), (12, 18, 3), (18, 19, 1)
+        (0, 12, 0), (12, 17, 3), (17, 18, None), (18, 19, 1)
     ]  # fmt: skip
     assert snapshot(cache).state_free == ((2,), 4)
     res = rp.result(trace="t", policy="p", mode="sequential", capacity_bytes=0, alpha=None,

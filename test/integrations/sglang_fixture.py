@@ -116,13 +116,15 @@ def build(
     mamba_size: int = 12,
     page_size: int = 1,
     hf_config: dict[str, Any] | None = None,
+    chunk: int = CHUNK,
 ) -> Fixture:
     """A hybrid-model cache built by SGLang's registry factory ``backend`` (None: SGLang's
     default selection chain, i.e. ``--prefix-cache lru``); ``extra_buffer`` Mamba mode for
-    page sizes > 1."""
+    page sizes > 1; ``chunk``: the Mamba state grid branch points are rounded down to. The
+    ``marconi`` preset comes from ``$SGLANG_MARCONI_PRESET`` (as in a server)."""
     extra_buffer = page_size > 1
     server_args = ServerArgs(model_path="dummy", page_size=page_size, radix_cache_backend=backend)
-    server_args._mamba_cache_chunk_size = CHUNK
+    server_args._mamba_cache_chunk_size = chunk
     server_args.mamba_track_interval = TRACK_INTERVAL
     set_global_server_args_for_scheduler(server_args)
     mamba_layers = [i for i in range(NUM_LAYERS) if i not in FULL_LAYERS]
@@ -207,12 +209,14 @@ class Session:
         )
         self._rid += 1
         req.init_next_round_input(fx.cache)
+        if hasattr(fx.cache, "plan_request"):  # what the PrefillAdder hooks do (branch_split)
+            fx.cache.plan_request(req)
+        req.lock = fx.cache.lock(req.last_node)  # admitted: the match is pinned first
         need = 1 + fx.pool.mamba_initial_tracking_slots  # as the scheduler: free states first
         short = need - fx.pool.mamba_allocator.available_size()
         if short > 0:
             fx.cache.evict(EvictParams(mamba_num=short))
         fx.pool.alloc([req])
-        req.lock = fx.cache.lock(req.last_node)
         prefix = fx.cache.path_device_indices(req.last_node)[: req.prefix_len]
         fx.pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix)
         self._append(req, req.prefix_len, len(input_ids))
@@ -287,5 +291,25 @@ class Session:
     def run(self, input_ids: list[int], output_ids: list[int]) -> Req:
         req = self.start(input_ids)
         self.decode(req, output_ids)
+        self.finish(req)
+        return req
+
+    def prefill(self, req: Req) -> None:
+        """The scheduler's prefill checkpoints: a chunk ends at every planned prefill position
+        inside the uncached tokens (``branch_split``'s cuts), and at the prompt end
+        (``checkpoint_kv_cache`` after the last chunk of a request that goes on decoding)."""
+        n = len(req.origin_input_ids)
+        plan = getattr(req, "marconi_plan", None)
+        stops = [p for p in (plan.prefill if plan else ()) if req.prefix_len < p < n]
+        for up_to in [*stops, n]:
+            self.checkpoint(req, up_to=up_to)
+
+    def serve(self, input_ids: list[int], output_ids: list[int]) -> Req:
+        """One request as a server runs it: match and plan, prefill in planned chunks,
+        decode ``output_ids`` (the last one is sampled, never fed), finish."""
+        req = self.start(input_ids)
+        self.prefill(req)
+        self.decode(req, output_ids[:-1])
+        req.output_ids.append(output_ids[-1])  # sampled by the last step, never fed
         self.finish(req)
         return req

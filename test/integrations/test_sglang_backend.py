@@ -19,7 +19,9 @@ pytest.importorskip("sglang", reason="sglang is not installed (run `make test-sg
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from marconi.cache.admission_learned import GhostAdmission
 from marconi.cache.eviction import FlopAware
+from marconi.cache.eviction_learned import HitDensity
 from marconi.integrations.sglang import plugin
 from marconi.integrations.sglang.backend import (
     MarconiFullComponent,
@@ -41,6 +43,7 @@ MAMBA = ComponentType.MAMBA
 def _registered(monkeypatch: pytest.MonkeyPatch) -> None:
     load_plugins()  # SGLang's own loader: runs our entry point, then applies its hooks
     monkeypatch.delenv(plugin.ALPHA_ENV, raising=False)
+    monkeypatch.delenv(plugin.PRESET_ENV, raising=False)
 
 
 def state_depths(fx: Fixture) -> list[int]:
@@ -72,7 +75,9 @@ def test_registry_builds_marconi_cache_for_hybrid_model() -> None:
     assert isinstance(fx.cache, MarconiRadixCache) and isinstance(fx.cache, UnifiedRadixCache)
     assert isinstance(fx.cache.components[ComponentType.FULL], MarconiFullComponent)
     assert isinstance(fx.cache.components[MAMBA], MarconiMambaComponent)
-    assert isinstance(fx.cache.marconi.eviction, FlopAware)
+    # the default preset is ``marconi``: learned admission, hit-density eviction
+    assert isinstance(fx.cache.marconi.admission, GhostAdmission)
+    assert isinstance(fx.cache.marconi.eviction, HitDensity)
     cost = fx.cache.marconi.cost  # from the HF config: 2 attention + 6 Mamba-2 layers
     assert (cost.layers.attention, cost.layers.ssm) == (2, 6)
     assert cost.kv_bytes_per_token == 2 * 2 * 2 * 32 * 2
@@ -98,6 +103,17 @@ def test_prefix_cache_flag_maps_to_radix_cache_backend() -> None:
     assert args.radix_cache_backend is None
     with pytest.raises(SystemExit):
         prepare_server_args(["--model-path", "m", "--prefix-cache", "fifo"])
+
+
+def test_marconi_preset_flag_reaches_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.setenv(plugin.PRESET_ENV, "")  # restored after the test
+    args = ["--model-path", "m", "--prefix-cache", "marconi", "--marconi-preset", "marconi-paper"]
+    prepare_server_args(args)
+    assert isinstance(build().cache.marconi.eviction, FlopAware)
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", "m", "--marconi-preset", "sglang+"])
 
 
 def test_launch_server_help_lists_prefix_cache_marconi() -> None:
@@ -173,7 +189,9 @@ def _two_leaves(alpha: float, monkeypatch: pytest.MonkeyPatch) -> tuple[Fixture,
     """An old leaf with a long edge (high FLOPs per byte) and a newer one with a 2-token edge
     (its bytes are almost all state: low FLOPs per byte)."""
     monkeypatch.setenv(plugin.ALPHA_ENV, str(alpha))
+    monkeypatch.setenv(plugin.PRESET_ENV, "marconi-paper")
     fx = build()
+    assert isinstance(fx.cache.marconi.eviction, FlopAware)
     s = Session(fx)
     s.run(list(range(200, 260)), [1])  # old, 61 tokens
     s.run(SYSTEM, [2])  # newer, 21 tokens

@@ -34,6 +34,23 @@ DOC_LEN, SHORT_LEN, N_REQUESTS = 200, 40, 192  # 3 windows of 64 finished reques
 def _registered(monkeypatch: pytest.MonkeyPatch) -> None:
     load_plugins()
     monkeypatch.delenv(plugin.ALPHA_ENV, raising=False)
+    # the paper's design: the FLOP-aware weight over its grid (the documents' FLOPs win)
+    monkeypatch.setenv(plugin.PRESET_ENV, "marconi-paper")
+
+
+def test_the_marconi_preset_tunes_its_own_weight_on_shadows_of_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(plugin.PRESET_ENV, "marconi")
+    fx = build(kv_size=KV_SIZE, mamba_size=MAMBA_SIZE)
+    tuner = fx.cache.marconi_tuner
+    assert isinstance(tuner, BackendAlphaTuner)
+    ref = tuner.reference.config
+    assert (ref.admission, ref.eviction, ref.match_rule) == ("learned", "hit-density", "last-token")
+    assert tuner.tuner.grid == (0.0, 0.5, 1.0)  # HitDensity.alpha_grid
+    alphas = serve(fx, recurring_docs())
+    assert tuner.tuner.seen == N_REQUESTS
+    assert set(alphas) <= set(tuner.tuner.grid)
 
 
 def recurring_docs(n: int = N_REQUESTS, seed: int = 0) -> list[tuple[list[int], list[int]]]:

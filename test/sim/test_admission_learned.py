@@ -54,9 +54,10 @@ def test_identical_resend_resumes_one_token_before_the_prompt_end() -> None:
     for _ in range(40):
         prompt = rng.integers(0, 10**6, size=100)
         for _send in range(2):  # sent twice: a regenerate
-            m = cache.match(prompt[:-1])
+            key = prompt[:-1]
+            m = cache.match(key)
             cache.lock(m.node)
-            positions = cache.plan_prefill(prompt, m)
+            positions = cache.plan_prefill(prompt, m, key)
             seq = np.concatenate([prompt, rng.integers(0, 10**6, size=5)])
             kv = np.concatenate([m.kv, cache.alloc_kv(len(seq) - len(m.kv))])
             states = dict(zip(positions, cache.alloc_states(len(positions)), strict=True))
@@ -99,3 +100,22 @@ def test_ghost_table_is_bounded_and_finds_the_deepest_ghost() -> None:
     table.add(_fingerprint(seq, 40), 40, Kind.ALIGNED_INPUT)  # pushes out the oldest (10)
     assert len(table.entries) == 3 and sorted(table._positions) == [20, 30, 40]
     assert table.deepest(seq, 0, 15, tries=8) is None
+
+
+def test_a_clone_learns_apart_from_the_cache_it_was_cloned_from() -> None:
+    """The alpha tuners replay what-ifs on clones (``clone_cache``): the learned admission's
+    ghosts and yields must be the clone's own, or every shadow replay would teach the real
+    cache's admission the same requests again."""
+    from marconi.cache.prefix_cache import clone_cache
+
+    trace = chat_sessions()
+    cache, _ = _replay(trace[:20])
+    before = (cache.admission.proposals.copy(), cache.admission.credit.copy())
+    shadow = clone_cache(cache)
+    assert shadow.admission is not cache.admission
+    rp = Replayer(shadow)
+    for req in trace[20:]:
+        rp.serve(req)
+    assert (cache.admission.proposals == before[0]).all()
+    assert (cache.admission.credit == before[1]).all()
+    assert shadow.admission.proposals.sum() > before[0].sum()

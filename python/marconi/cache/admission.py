@@ -51,10 +51,10 @@ class AdmissionPolicy(ABC):
     learns: ClassVar[bool] = False
 
     def observe_prefill(  # noqa: B027 - optional hook
-        self, tokens: np.ndarray, cached_len: int, usable_len: int
+        self, tokens: np.ndarray, key_len: int, usable_len: int
     ) -> None:
-        """A request with input ``tokens`` matched ``cached_len`` tokens of KV and resumes from
-        ``usable_len``; called before ``prefill_positions`` for it."""
+        """A request with input ``tokens`` may resume from at most ``key_len`` tokens (its match
+        key) and resumes from ``usable_len``; called before ``prefill_positions`` for it."""
 
     def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:  # noqa: B027
         """A request whose first ``input_len`` tokens were its input inserts ``tokens``."""

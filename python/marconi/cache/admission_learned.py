@@ -10,9 +10,12 @@ admits the kinds that pay on this workload:
 
 * Each proposal, admitted or not, leaves a **ghost**: a fingerprint of the prefix at that
   position and the kinds that proposed it (a bounded FIFO table, as ARC / TinyLFU ghost lists).
-* When a request arrives, the deepest ghost at or below its cached prefix (and at or above the
-  prefix it resumes from) is where a state of that kind would have served it: each kind of
-  that ghost is credited the prefix length (would-be hit tokens).
+* When a request arrives, the deepest ghost on its match key (at or above the prefix it resumes
+  from) is where a state of that kind would have served it: each kind of that ghost is
+  credited the prefix length (would-be hit tokens). The bound is the key, not the KV the tree
+  still holds: had the state been admitted, its KV would have stayed with it (the KV-only tail
+  of a declined state goes first, and SGLang does not insert it at all), so a kind whose
+  states were declined can still earn its way back.
 * A kind is admitted while its decayed yield (credited tokens per proposal) is at least
   ``threshold`` times the best kind's. Ghosts are kept for disabled kinds too, so a kind comes
   back when the workload starts to reuse it. Before any credit, ``PRIOR`` holds (the last
@@ -136,8 +139,8 @@ class GhostAdmission(AdmissionPolicy):
         self._events = 0
 
     # -------------------------------------------------------------- learning
-    def observe_prefill(self, tokens: np.ndarray, cached_len: int, usable_len: int) -> None:
-        hit = self.ghosts.deepest(tokens, usable_len, min(cached_len, len(tokens)), self.tries)
+    def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> None:
+        hit = self.ghosts.deepest(tokens, usable_len, min(key_len, len(tokens)), self.tries)
         if hit is not None:
             pos, mask = hit
             for k in Kind:

@@ -48,9 +48,14 @@ def _bin_of(age: int) -> int:
 _BIN_AGE = 2.0 ** (np.arange(_BINS) / _BINS_PER_OCTAVE) - 1.0
 
 
+def class_of(is_leaf: bool, hits: int) -> int:
+    """A candidate's class: leaf or inner, times its hit count bucket (0, 1, 2, 3+)."""
+    return (_HIT_BUCKETS if is_leaf else 0) + min(hits, _HIT_BUCKETS - 1)
+
+
 def candidate_kind(node: Node) -> int:
-    """A candidate's class: leaf or inner, times its hit count bucket."""
-    return (0 if node.children else _HIT_BUCKETS) + min(node.hits, _HIT_BUCKETS - 1)
+    """``class_of`` a tree node."""
+    return class_of(not node.children, node.hits)
 
 
 def hit_density(hits: np.ndarray, ends: np.ndarray) -> np.ndarray:

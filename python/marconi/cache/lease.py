@@ -153,11 +153,12 @@ class Leases:
         cache = self.cache
         if not self.fits_empty(max_fed):
             return None
-        match = cache.match(self.rule.key(tokens) if self.reuses else tokens[:0])
+        key = self.rule.key(tokens) if self.reuses else tokens[:0]
+        match = cache.match(key)
         cache.lock(match.node)
         # planned on the tree as matched (as SGLang's match computes its branching seqlen),
         # before this request's own allocations evict anything
-        planned = cache.plan_prefill(tokens, match) if self.reuses else ()
+        planned = cache.plan_prefill(tokens, match, key) if self.reuses else ()
         pages = None
         if cache.pools.kv is not None:
             prefix = match.kv if match.kv is not None else _NO_KV

@@ -119,13 +119,20 @@ class PrefixCache:
         """Speculative insertion; read-only. See ``RadixTree.branch_point``."""
         return self.tree.branch_point(tokens)
 
-    def plan_prefill(self, tokens: np.ndarray, match: MatchResult) -> tuple[int, ...]:
-        """Positions where this request's prefill should capture a state (admission policy)."""
+    def plan_prefill(
+        self, tokens: np.ndarray, match: MatchResult, key: np.ndarray | None = None
+    ) -> tuple[int, ...]:
+        """Positions where this request's prefill should capture a state (admission policy).
+        ``key``: the prefix of ``tokens`` that was matched (the match rule's key; default all of
+        ``tokens``); speculative insertion runs on it, as SGLang computes its branching seqlen
+        from the matched key (a branch past the key could serve no request with this input)."""
         if self.pools.state is None:
             return ()
+        key = tokens if key is None else key
         if self.admission.learns:
-            self.admission.observe_prefill(tokens, match.kv_len, match.usable_len)
-        ctx = AdmissionContext(len(tokens), match.usable_len, self.branch_point(tokens))
+            self.admission.observe_prefill(tokens, len(key), match.usable_len)
+        branch = self.branch_point(key)
+        ctx = AdmissionContext(len(tokens), match.usable_len, branch)
         return self.admission.prefill_positions(ctx)
 
     def plan_decode(self, input_len: int, seq_len: int) -> tuple[int, ...]:
@@ -335,7 +342,8 @@ class PrefixCache:
 
 
 def clone_cache(cache: PrefixCache) -> PrefixCache:
-    """An independent copy of ``cache`` (tree, pools, policies, counters) for what-if replays
+    """An independent copy of ``cache`` (tree, pools, policies with their learned state, counters)
+    for what-if replays
     (alpha tuning). Iterative, so deep trees do not hit the recursion limit. Slots only, no
     tensors (the cache core never has any). Locks are copied as they are."""
     import copy
@@ -354,6 +362,8 @@ def clone_cache(cache: PrefixCache) -> PrefixCache:
         st.meter = meters[id(cache.pools.state.meter)]
     new.pools = new.pools._replace(kv=kv, state=st)
     new.eviction = copy.deepcopy(cache.eviction)
+    if cache.admission.learns:  # a what-if replay must not teach the real cache's admission
+        new.admission = copy.deepcopy(cache.admission)
     new.stats = copy.copy(cache.stats)
     tree = copy.copy(cache.tree)
     tree.pools = new.pools

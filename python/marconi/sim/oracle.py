@@ -176,7 +176,9 @@ class OracleCache(PrefixCache):
         path, partial, pos = self.tree._walk(prefix)  # read-only
         return partial is None and pos == len(prefix) and bool(path) and path[-1].state is not None
 
-    def plan_prefill(self, tokens: np.ndarray, match: MatchResult) -> tuple[int, ...]:
+    def plan_prefill(
+        self, tokens: np.ndarray, match: MatchResult, key: np.ndarray | None = None
+    ) -> tuple[int, ...]:
         return self._wanted(match.usable_len, len(tokens))
 
     def plan_decode(self, input_len: int, seq_len: int) -> tuple[int, ...]:

@@ -2,15 +2,22 @@
 
 SGLang's ``UnifiedRadixCache`` with two components swapped in through its own
 ``component_registry_override`` hook; the tree, pools, locks and integrity checks stay SGLang's.
+The decisions are a ``marconi.cache`` preset's (``--marconi-preset``, default ``marconi``:
+learned admission + hit-density eviction; ``marconi-paper``: the paper's), made through
+``MarconiPolicy`` in the order of the lease lifecycle (``marconi.cache.lease``):
 
-- admission (``MarconiMambaComponent.prepare_for_caching_req``): SGLang hands the tree a state at
-  every prefill-chunk checkpoint (``no_buffer``) or every tracked state (``extra_buffer``), and at
-  finish; Marconi keeps only the branch point (``mamba_branching_seqlen``, SGLang's
-  speculative-insertion result) and the finished request's state (after its last decoded token).
+- plan (``MarconiRadixCache.plan_request``, once per request when its prefill is first
+  scheduled, on its latest match): the admission observes the request and plans its prefill
+  states; ``branch_split``'s hooks end prefill chunks at the planned positions.
+- admission (``MarconiMambaComponent.prepare_for_caching_req``): SGLang hands the tree a state
+  at every prefill-chunk end (``no_buffer``) or tracked state (``extra_buffer``), and at finish;
+  it is kept only where the plan (prefill) or the admission's decode positions (finish) put one.
+- finish (``checkpoint_into_tree`` of a finished request): the admission observes the fed tokens
+  (``PrefixCache.insert``'s hook), the alpha tuner gets the request.
 - state eviction (``MarconiMambaComponent``): SGLang walks its Mamba LRU list; Marconi orders
-  leaves and single-child state holders by ``FlopAware.priority`` (multi-child holders last).
-- KV eviction (``MarconiFullComponent``): SGLang's leaf heap, keyed by the FLOP-aware score
-  instead of ``--radix-eviction-policy``.
+  leaves and single-child state holders by the preset's eviction priority (multi-child holders
+  last). KV eviction (``MarconiFullComponent``): SGLang's leaf heap, keyed by the same priority.
+  A learning eviction records every hit (at plan) and eviction on the policy's clock.
 
 Contracts kept from SGLang: an insert always carries a state at its end (so a declined state
 means the request's KV is not inserted at that checkpoint: it stays the request's, as in SGLang's
@@ -18,12 +25,11 @@ own "no tracked state" path); eviction never touches locked data; a walk returns
 controller to delete or tombstones one internal state per step. Not supported with the backend
 (rejected at construction): HiCache, session radix cache, int8 Mamba checkpoints.
 
-The decisions are made by ``marconi.cache`` classes through ``MarconiPolicy``; the cost model
-comes from the served model's HF config through the layer specs (``marconi.cache.spec``), in the
-dtypes of SGLang's own pools (``cost_model_for``). Match rule: SGLang's own, which is our
-last-token rule (``names.SGLANG_MATCH_RULE``; the alpha tuner replays with it). With
+The cost model comes from the served model's HF config through the layer specs
+(``marconi.cache.spec``), in the dtypes of SGLang's own pools (``cost_model_for``). Match rule:
+SGLang's own, which is our last-token rule (``names.SGLANG_MATCH_RULE``). With
 ``--marconi-alpha auto`` (the default) ``BackendAlphaTuner`` (``tuning.py``) is fed every finished
-request (``checkpoint_into_tree`` of a finished request) and moves the policy's alpha.
+request and moves the policy's value weight.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import os
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_unified_radix_cache
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, EvictLayer
@@ -43,8 +50,8 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from marconi.cache.cost import CostModel, cost_model_from_hf_config
 from marconi.cache.spec import CacheDtypes
-from marconi.integrations.sglang.names import ALPHA_ENV, BACKEND_NAME
-from marconi.integrations.sglang.policy import MarconiPolicy
+from marconi.integrations.sglang.names import ALPHA_ENV, BACKEND_NAME, PRESET_ENV, SGLANG_PRESETS
+from marconi.integrations.sglang.policy import PLAN_ATTR, MarconiPolicy, RequestPlan
 from marconi.integrations.sglang.tuning import AUTO_ALPHA_START, BackendAlphaTuner
 from marconi.units import parse_alpha
 
@@ -57,6 +64,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["BACKEND_NAME", "MarconiRadixCache", "marconi_cache_factory"]
+
+
+#: per-request attributes: the latest match (usable prefix, the node resumed from) and
+#: whether the state of the checkpoint in progress was admitted
+_MATCH_ATTR, _ADMITTED_ATTR = "marconi_match", "marconi_admitted"
 
 
 def _policy(component: Any) -> MarconiPolicy:
@@ -89,7 +101,11 @@ class MarconiFullComponent(FullComponent):
     def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):
         node_id = super()._evict_device_next_node(tracker, device_frees, host_frees, cache_actions)
         if node_id is not None:
-            _policy(self).stats.kv_evictions += 1
+            policy, node = _policy(self), self._evict_device_last_node
+            policy.stats.kv_evictions += 1
+            mamba = node.component_data[ComponentType.MAMBA]
+            holds_state = ComponentType.MAMBA in self.cache.components and mamba.value is not None
+            policy.evicted(node, holds_state=holds_state)
         return node_id
 
 
@@ -116,18 +132,18 @@ class MarconiMambaComponent(MambaComponent):
         """Hand SGLang's state to the tree only where Marconi admits it; else return 0, which
         makes the checkpoint insert nothing (the request keeps its KV and state)."""
         cache_len = self._held_state_len(req, token_ids_len, is_finished)
+        admitted = False
         if cache_len:
-            input_len = len(req.origin_input_ids)
             admitted = _policy(self).admits(
+                self.cache.plan_request(req),
                 cache_len=cache_len,
-                input_len=input_len,
-                usable_len=req.kv.cache_protected_len,
-                branch_point=getattr(req, "mamba_branching_seqlen", None),
-                seq_len=input_len + len(req.output_ids),
+                seq_len=token_ids_len,
                 is_finished=is_finished,
+                exact=not self.cache.enable_mamba_extra_buffer,
             )
-            if not admitted:
-                return 0
+        setattr(req, _ADMITTED_ATTR, admitted)
+        if not admitted:
+            return 0
         return super().prepare_for_caching_req(req, insert_params, token_ids_len, is_finished)
 
     # ------------------------------------------------------------------ eviction
@@ -162,6 +178,7 @@ class MarconiMambaComponent(MambaComponent):
             if not lru.in_list(x) or cd.value is None or cd.lock_ref > 0:
                 continue  # changed since the walk started
             _policy(self).stats.state_evictions += 1
+            _policy(self).evicted(x, holds_state=True)
             if x in self.tree_core.evictable_device_leaves:
                 return x.id
             self.tree_core._evict_component_and_detach_lru(
@@ -218,7 +235,8 @@ class MarconiRadixCache(UnifiedRadixCache):
                 page_size=params.page_size,
             )
         logger.info(
-            "marconi backend: %s, alpha=%s",
+            "marconi backend: preset %s, %s, alpha=%s",
+            marconi.preset,
             marconi.cost.describe(),
             "auto" if tune_alpha else f"{marconi.alpha:g}",
         )
@@ -227,20 +245,57 @@ class MarconiRadixCache(UnifiedRadixCache):
         raise ValueError("--prefix-cache marconi does not support HiCache")
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """SGLang's match; the request's latest match is kept for its plan (``plan_request``):
+        SGLang matches a waiting request again every scheduling round, the plan uses the one
+        just before its prefill is scheduled."""
         result = super().match_prefix(params)
-        self.marconi.record_match(
-            len(params.key), result.device_prefix_len, result.device_prefix_len > 0
-        )
+        if params.req is not None:
+            node = result.last_device_node if result.device_prefix_len else None
+            node = None if node is None else self.resolve_node_handle(node)
+            setattr(params.req, _MATCH_ATTR, (result.device_prefix_len, node))
         return result
 
+    def plan_request(self, req: Req) -> RequestPlan:
+        """The request's admission plan, made once, when its prefill is first scheduled (the
+        ``PrefillAdder`` hooks of ``branch_split`` call this; a checkpoint of a request that
+        never went through them plans here), on its latest match: ``Leases.begin``'s
+        ``plan_prefill``."""
+        plan = getattr(req, PLAN_ATTR, None)
+        if plan is None:
+            usable, node = getattr(req, _MATCH_ATTR, (0, None))
+            tokens = np.asarray(req.origin_input_ids, dtype=np.int64)
+            branch = getattr(req, "mamba_branching_seqlen", None)
+            plan = self.marconi.plan(tokens, usable, branch, node)
+            setattr(req, PLAN_ATTR, plan)
+        return plan
+
     def checkpoint_into_tree(self, req: Req, *, up_to: int, **kwargs: Any) -> None:
-        """SGLang's insert; a finished request is then fed to the alpha tuner (its prompt and
-        the tokens it computed, ``[0, up_to)`` = prompt + output[:-1])."""
+        """SGLang's insert. An admitted state moves the policy's clock and stamps the node the
+        insert ended on; a finished request is then observed by the admission (its fed tokens)
+        and fed to the alpha tuner (its prompt and the tokens it computed, ``[0, up_to)`` =
+        prompt + output[:-1])."""
         finished = req.finished()
+        setattr(req, _ADMITTED_ATTR, False)
         super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
-        if finished and self.marconi_tuner is not None and not self.disable:
+        if self.disable:
+            return
+        if getattr(req, _ADMITTED_ATTR):
+            self.marconi.inserted(self.resolve_node_handle(req.last_node))
+        if finished:
             fed = req.full_untruncated_fill_ids[:up_to]
-            self.marconi_tuner.observe(req.origin_input_ids, fed)
+            fed_ids = np.asarray(fed, dtype=np.int64)
+            self.marconi.finished(fed_ids, len(req.origin_input_ids))
+            if self.marconi_tuner is not None:
+                self.marconi_tuner.observe(req.origin_input_ids, fed)
+
+
+def preset_from_env() -> str:
+    """The ``marconi.cache`` preset the backend runs, from ``$SGLANG_MARCONI_PRESET`` (set by
+    ``--marconi-preset``; default ``marconi``)."""
+    preset = os.environ.get(PRESET_ENV) or SGLANG_PRESETS[0]
+    if preset not in SGLANG_PRESETS:
+        raise ValueError(f"${PRESET_ENV}={preset!r}: choose one of {', '.join(SGLANG_PRESETS)}")
+    return preset
 
 
 def alpha_from_env() -> float | None:
@@ -308,6 +363,6 @@ def marconi_cache_factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     (``create_unified_radix_cache``) with ``MarconiRadixCache`` as the class."""
     alpha = alpha_from_env()
     start = AUTO_ALPHA_START if alpha is None else alpha
-    policy = MarconiPolicy(cost_model_for(ctx), alpha=start)
+    policy = MarconiPolicy(cost_model_for(ctx), alpha=start, preset=preset_from_env())
     cache_class = functools.partial(MarconiRadixCache, marconi=policy, tune_alpha=alpha is None)
     return create_unified_radix_cache(ctx, cache_class=cache_class)  # type: ignore[arg-type]

@@ -6,6 +6,11 @@ from __future__ import annotations
 BACKEND_NAME = "marconi"
 #: environment variable carrying ``--marconi-alpha`` to the scheduler processes
 ALPHA_ENV = "SGLANG_MARCONI_ALPHA"
+#: environment variable carrying ``--marconi-preset`` to the scheduler processes
+PRESET_ENV = "SGLANG_MARCONI_PRESET"
+#: the ``marconi.cache`` presets the backend runs (the first is the default): their states are
+#: all where SGLang offers one (prefill-chunk ends, the finished request's state)
+SGLANG_PRESETS = ("marconi", "marconi-paper")
 #: what an SGLang request may resume from, as a ``marconi.cache.lease.MATCH_RULES`` name:
 #: SGLang matches ``fill_ids[:input_len - 1]`` (``Req._compute_max_prefix_len`` in
 #: ``sglang/srt/managers/schedule_batch.py``, 0.5.23: "the matched length is at most 1 less

@@ -10,14 +10,17 @@ SGLang calls ``register()`` in every process it starts (launcher, scheduler, det
    ``--prefix-cache {marconi,lru}``, which sets ``radix_cache_backend`` (``lru`` = SGLang's
    default cache, i.e. no backend), and ``--marconi-alpha``, the FLOP-aware weight (``auto``, the
    default: tuned online; or a fixed float), passed to the scheduler processes through
-   ``$SGLANG_MARCONI_ALPHA``;
+   ``$SGLANG_MARCONI_ALPHA``, and ``--marconi-preset {marconi,marconi-paper}`` (the
+   ``marconi.cache`` preset whose admission and eviction the backend runs; default ``marconi``),
+   through ``$SGLANG_MARCONI_PRESET``;
 3. registers ``JambaForCausalLM`` (``integrations/sglang/models/jamba.py``) with SGLang's model
    registry and its config (``jamba_config.register_jamba_config``): see ``register_models``;
 4. on a CPU, binds marconi's Mamba kernels into SGLang's mixers (``cpu_binding``) and, through a
    BEFORE hook on ``ServerArgs.resolve_once``, picks the settings SGLang needs there
    (``cpu_defaults``);
-5. with the ``marconi`` backend, ends a prefill chunk at the branch point so ``no_buffer`` mode
-   caches its state (an AROUND hook on ``PrefillAdder.add_one_req``: ``branch_split``).
+5. with the ``marconi`` backend, ends a prefill chunk at every prefill position the admission
+   planned (branch point, one before the prompt end, ...) so ``no_buffer`` mode caches its state
+   (AROUND hooks on ``PrefillAdder.add_one_req`` and ``add_chunked_req``: ``branch_split``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from marconi.integrations.sglang.names import ALPHA_ENV, BACKEND_NAME
+from marconi.integrations.sglang.names import ALPHA_ENV, BACKEND_NAME, PRESET_ENV, SGLANG_PRESETS
 from marconi.units import AUTO, parse_alpha
 
 if TYPE_CHECKING:
@@ -49,8 +52,8 @@ def _factory(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     return marconi_cache_factory(ctx)
 
 
-class PrefixCacheAction(argparse.Action):
-    """``--prefix-cache NAME``: writes the mapped backend into ``radix_cache_backend``."""
+class _FlagAction(argparse.Action):
+    """An action that stores what ``apply(parser, namespace, value)`` returns."""
 
     def __call__(
         self,
@@ -59,31 +62,49 @@ class PrefixCacheAction(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        namespace.radix_cache_backend = PREFIX_CACHE_CHOICES[str(values)]
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.apply(parser, namespace, str(values)))
+
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
+        raise NotImplementedError
 
 
-class MarconiAlphaAction(argparse.Action):
+class PrefixCacheAction(_FlagAction):
+    """``--prefix-cache NAME``: writes the mapped backend into ``radix_cache_backend``."""
+
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
+        namespace.radix_cache_backend = PREFIX_CACHE_CHOICES[value]
+        return value
+
+
+class MarconiPresetAction(_FlagAction):
+    """``--marconi-preset NAME``: exported as ``$SGLANG_MARCONI_PRESET`` for the cache
+    processes."""
+
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
+        os.environ[PRESET_ENV] = value
+        return value
+
+
+class MarconiAlphaAction(_FlagAction):
     """``--marconi-alpha auto|X``: exported as ``$SGLANG_MARCONI_ALPHA`` for the cache
     processes (the namespace gets None for ``auto``, else the float)."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
+    def apply(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+              value: str) -> Any:  # fmt: skip
         try:
-            alpha = parse_alpha(str(values))
+            alpha = parse_alpha(value)
         except ValueError as e:
             parser.error(f"--marconi-alpha: {e}")
         os.environ[ALPHA_ENV] = AUTO if alpha is None else repr(alpha)
-        setattr(namespace, self.dest, alpha)
+        return alpha
 
 
 def add_prefix_cache_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--prefix-cache`` and ``--marconi-alpha`` to an SGLang server parser (idempotent)."""
+    """Add ``--prefix-cache``, ``--marconi-preset`` and ``--marconi-alpha`` to an SGLang server
+    parser (idempotent)."""
     if "--prefix-cache" in parser._option_string_actions:
         return
     parser.add_argument(
@@ -92,17 +113,25 @@ def add_prefix_cache_args(parser: argparse.ArgumentParser) -> None:
         choices=sorted(PREFIX_CACHE_CHOICES),
         default=None,
         help="Prefix cache for hybrid (attention + Mamba) models. 'marconi': Marconi's "
-        "admission (states only at branch points and after the last decoded token) and "
-        "FLOP-aware eviction (same as --radix-cache-backend marconi). 'lru': SGLang's "
-        "default radix cache.",
+        "admission and eviction (--marconi-preset; same as --radix-cache-backend marconi). "
+        "'lru': SGLang's default radix cache.",
+    )
+    parser.add_argument(
+        "--marconi-preset",
+        action=MarconiPresetAction,
+        choices=SGLANG_PRESETS,
+        default=None,
+        help="Which Marconi design the backend runs: 'marconi' (default: branch point + the "
+        "candidate states that get reused, learned online; hit-density eviction) or "
+        "'marconi-paper' (branch point + last decoded token, FLOP-aware eviction).",
     )
     parser.add_argument(
         "--marconi-alpha",
         action=MarconiAlphaAction,
         default=None,
-        help="Weight of FLOP efficiency against recency in Marconi's eviction score: 'auto' "
-        "(default) tunes it online with shadow caches fed by finished requests; a float >= 0 "
-        "fixes it (0 = LRU over the same candidates).",
+        help="Value weight of Marconi's eviction score (FLOP efficiency for marconi-paper, "
+        "the prefix a hit gives for marconi): 'auto' (default) tunes it online with shadow "
+        "caches fed by finished requests; a float >= 0 fixes it.",
     )
 
 
@@ -143,15 +172,17 @@ def register() -> None:
     if BACKEND_NAME not in registered_radix_cache_backends():
         register_radix_cache_backend(BACKEND_NAME, _factory)
     from marconi.integrations.sglang.branch_split import (
+        ADD_CHUNKED_REQ_TARGET,
         ADD_ONE_REQ_TARGET,
-        split_prefill_at_branch,
+        split_prefill_at_plan,
     )
     from marconi.integrations.sglang.cpu_defaults import RESOLVE_TARGET, apply_cpu_defaults
 
     for target, hook, kind in (
         (ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER),
         (RESOLVE_TARGET, apply_cpu_defaults, HookType.BEFORE),
-        (ADD_ONE_REQ_TARGET, split_prefill_at_branch, HookType.AROUND),
+        (ADD_ONE_REQ_TARGET, split_prefill_at_plan, HookType.AROUND),
+        (ADD_CHUNKED_REQ_TARGET, split_prefill_at_plan, HookType.AROUND),
     ):
         if not any(h is hook for _, h, _ in HookRegistry._hooks.get(target, [])):
             HookRegistry.register(target, hook, kind)

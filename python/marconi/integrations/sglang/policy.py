@@ -1,9 +1,10 @@
-"""Marconi's admission and eviction decisions, expressed on SGLang's tree nodes.
+"""Marconi's admission and eviction decisions, expressed on SGLang's tree nodes and requests.
 
 No SGLang import: a node is anything with ``parent``, ``children``, ``key`` (sized) and
 ``last_access_time``, which is what SGLang's ``UnifiedTreeNode`` has. The decisions themselves
-come from ``marconi.cache`` (``MarconiAdmission``, ``FlopAware``, ``CostModel``): this module
-only translates SGLang's view of a request and a node into their inputs.
+come from the classes of a ``marconi.cache`` preset (admission, eviction, ``CostModel``), built
+as ``PrefixCache`` builds them: this module only translates SGLang's view of a request and a
+node into their inputs, and feeds them in the order ``marconi.cache.lease.Leases`` does.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from marconi.cache.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy
+import numpy as np
+
+from marconi.cache.admission import AdmissionContext, AdmissionPolicy
 from marconi.cache.cost import CostModel
-from marconi.cache.eviction import EVICTION_POLICIES, CandidateInfo, EvictionPolicy
+from marconi.cache.eviction import CandidateInfo, EvictionPolicy
+from marconi.cache.eviction_learned import class_of
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +39,8 @@ class MarconiStats:
 
     states_admitted: int = 0  # states handed to the tree
     states_declined: int = 0  # states SGLang would have cached but Marconi's admission skipped
-    branch_states: int = 0  # admitted at a branch point (purely-input reuse)
-    decode_states: int = 0  # admitted after the last decoded token (input-and-output reuse)
+    branch_states: int = 0  # admitted at a planned prefill position (branch point, prompt end..)
+    decode_states: int = 0  # admitted at finish (a decode position: the last decoded token)
     states_reused: int = 0  # matches that resumed from a cached state
     hit_tokens: int = 0  # tokens served from the cache (state-backed prefix)
     query_tokens: int = 0  # tokens looked up
@@ -53,7 +57,7 @@ class MarconiStats:
         return (
             f"marconi: hit_tokens={self.hit_tokens}/{self.query_tokens} "
             f"({100 * self.hit_rate:.1f}%) states admitted={self.states_admitted} "
-            f"(branch={self.branch_states} decode={self.decode_states}) "
+            f"(prefill={self.branch_states} decode={self.decode_states}) "
             f"declined={self.states_declined} reused={self.states_reused} "
             f"evicted kv_leaves={self.kv_evictions} states={self.state_evictions} "
             f"alpha={self.alpha:g}"
@@ -69,78 +73,95 @@ def node_depth(node: TreeNodeLike) -> int:
     return depth
 
 
-class MarconiPolicy:
-    """Admission (branch point + last decoded token) and FLOP-aware ordering for one cache.
+class RequestPlan(NamedTuple):
+    """What the admission planned for one request when it was first scheduled (as
+    ``Leases.begin`` plans on the tree as matched): its input length and the prefill positions
+    whose states the tree keeps. Stored on the SGLang ``Req`` (``PLAN_ATTR``)."""
 
-    ``admission``/``eviction`` are names in ``ADMISSION_POLICIES``/``EVICTION_POLICIES``
-    (default ``marconi``/``flop-aware``); ``cost`` is the served model's cost model.
+    input_len: int
+    prefill: tuple[int, ...]
+
+
+#: attribute of an SGLang ``Req`` holding its ``RequestPlan``
+PLAN_ATTR = "marconi_plan"
+#: attributes of an SGLang tree node the policy keeps: its access time on the policy's clock
+#: (one tick per planned request and per insert, as ``RadixTree.clock``) and its hits
+ACCESS_ATTR, HITS_ATTR = "marconi_access", "hits"
+
+
+class MarconiPolicy:
+    """The admission and eviction of a ``marconi.cache`` preset, fed as ``Leases`` feeds them.
+
+    ``preset``: a name in ``marconi.cache.presets.PRESETS`` (``marconi``: learned admission +
+    hit-density eviction; ``marconi-paper``: branch point + last decoded, FLOP-aware); its
+    admission and eviction classes are built exactly as ``PrefixCache`` builds them. The order of
+    the calls is the lifecycle's: ``plan`` at a request's first scheduling (``observe_prefill``,
+    then ``prefill_positions``), ``admits`` at every state SGLang offers, ``finished`` after the
+    final insert (``observe_insert``); hits and evictions feed a learning eviction policy.
     """
 
-    def __init__(
-        self,
-        cost: CostModel,
-        alpha: float = 1.0,
-        admission: str = "marconi",
-        eviction: str = "flop-aware",
-    ) -> None:
+    def __init__(self, cost: CostModel, alpha: float = 0.0, preset: str = "marconi") -> None:
+        from marconi.cache.presets import preset_config
+
         self.cost = cost
-        self.admission: AdmissionPolicy = ADMISSION_POLICIES.create(admission)
-        kwargs = {"alpha": alpha} if eviction == "flop-aware" else {}
-        self.eviction: EvictionPolicy = EVICTION_POLICIES.create(eviction, **kwargs)
+        self.preset = preset
+        config = preset_config(preset, alpha=alpha)
+        self.admission: AdmissionPolicy = config.make_admission()
+        self.eviction: EvictionPolicy = config.make_eviction()
         self.stats = MarconiStats(alpha=float(alpha))
+        self.clock = 0
         self._events = 0
 
     @property
     def alpha(self) -> float:
-        """The FLOP-aware weight (0.0 for a policy without one)."""
+        """The eviction's value weight (0.0 for a policy without one)."""
         return float(getattr(self.eviction, "alpha", 0.0))
 
     def set_alpha(self, alpha: float) -> None:
-        """Change the FLOP-aware weight (alpha tuning). Nothing else to reorder: the backend's
+        """Change the value weight (alpha tuning). Nothing else to reorder: the backend's
         components build their eviction order at the start of each eviction walk."""
         if hasattr(self.eviction, "alpha"):
             self.eviction.alpha = float(alpha)  # type: ignore[attr-defined]
             self.stats.alpha = float(alpha)
 
     # ------------------------------------------------------------------ admission
-    def wanted_positions(
+    def plan(
         self,
-        input_len: int,
+        tokens: np.ndarray,
         usable_len: int,
         branch_point: int | None,
-        seq_len: int,
-        is_finished: bool,
-    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(prefill positions, decode positions) the admission policy checkpoints."""
-        ctx = AdmissionContext(input_len, usable_len, branch_point)
-        prefill = self.admission.prefill_positions(ctx)
-        decode = self.admission.decode_positions(input_len, seq_len) if is_finished else ()
-        return prefill, decode
+        used: TreeNodeLike | None,
+    ) -> RequestPlan:
+        """A request with input ``tokens`` is scheduled: it resumes from ``usable_len``
+        (the state at the end of ``used``; None for none) and branches off the tree at
+        ``branch_point``. One tick of the clock, the hit recorded (before the node's access
+        time moves, as ``RadixTree.match``), then the plan."""
+        self.clock += 1
+        self.record_match(max(len(tokens) - 1, 0), usable_len, usable_len > 0)
+        if used is not None and usable_len > 0:
+            if self.eviction.learns:
+                info = self.candidate_info(used, holds_state=True, is_leaf=not used.children)
+                self.eviction.record(info, self.clock, True)
+            self.touch(used)
+            setattr(used, HITS_ATTR, getattr(used, HITS_ATTR, 0) + 1)
+        if self.admission.learns:
+            # SGLang's match key: the input but its last token (``names.SGLANG_MATCH_RULE``)
+            self.admission.observe_prefill(tokens, len(tokens) - 1, usable_len)
+        ctx = AdmissionContext(len(tokens), usable_len, branch_point)
+        return RequestPlan(len(tokens), self.admission.prefill_positions(ctx))
 
-    def admits(
-        self,
-        cache_len: int,
-        input_len: int,
-        usable_len: int,
-        branch_point: int | None,
-        seq_len: int,
-        is_finished: bool,
-    ) -> bool:
-        """Whether the state SGLang holds at ``cache_len`` is one Marconi keeps.
-
-        A prefill state is kept only at the branch point (exactly). A finished request's state
-        stands for "after the last decoded token" when it lies in the output (``> input_len``):
-        SGLang holds one state per request, the latest it computed (exact in ``no_buffer`` mode,
-        the last ``--mamba-track-interval`` boundary in ``extra_buffer`` mode). Counts the
-        decision in ``stats``.
-        """
-        prefill, decode = self.wanted_positions(
-            input_len, usable_len, branch_point, seq_len, is_finished
-        )
-        if cache_len in prefill:
+    def admits(self, plan: RequestPlan, cache_len: int, seq_len: int, is_finished: bool,
+               exact: bool = True) -> bool:  # fmt: skip
+        """Whether the state SGLang holds at ``cache_len`` is one the plan keeps: a planned
+        prefill position, or (a finished request with ``seq_len`` fed tokens) a planned decode
+        position. ``exact`` False (``extra_buffer``: SGLang holds the last tracked state, not
+        the state at ``seq_len``): a finished request's state past the input stands for the
+        decode state. Counts the decision in ``stats``."""
+        decode = self.admission.decode_positions(plan.input_len, seq_len) if is_finished else ()
+        if cache_len in plan.prefill:
             self.stats.branch_states += 1
             ok = True
-        elif decode and cache_len > input_len:
+        elif cache_len in decode or (not exact and decode and cache_len > plan.input_len):
             self.stats.decode_states += 1
             ok = True
         else:
@@ -152,6 +173,26 @@ class MarconiPolicy:
         self._tick()
         return ok
 
+    def inserted(self, node: TreeNodeLike | None) -> None:
+        """An insert ended at ``node`` (one tick; its access time is now)."""
+        self.clock += 1
+        if node is not None and node.parent is not None:
+            self.touch(node)
+
+    def finished(self, fed: np.ndarray, input_len: int) -> None:
+        """A finished request's fed tokens went to the tree (``PrefixCache.insert``'s hook)."""
+        if self.admission.learns:
+            self.admission.observe_insert(fed, input_len)
+
+    def touch(self, node: TreeNodeLike) -> None:
+        setattr(node, ACCESS_ATTR, self.clock)
+
+    def evicted(self, node: TreeNodeLike, holds_state: bool) -> None:
+        """``node`` is evicted (a learning eviction policy records the lifetime)."""
+        if self.eviction.learns:
+            info = self.candidate_info(node, holds_state, is_leaf=not node.children)
+            self.eviction.record(info, self.clock, False)
+
     def record_match(self, query_len: int, hit_len: int, reused_state: bool) -> None:
         self.stats.query_tokens += query_len
         self.stats.hit_tokens += hit_len
@@ -161,14 +202,24 @@ class MarconiPolicy:
     def candidate_info(self, node: TreeNodeLike, holds_state: bool, is_leaf: bool) -> CandidateInfo:
         """``CandidateInfo`` of an SGLang node, as ``PrefixCache`` builds it for its own nodes:
         a leaf frees its edge's KV and its state, a single-child node only its state; a hit on
-        it would have saved the prefill FLOPs of its edge."""
+        it would have saved the prefill FLOPs of its edge and given its whole prefix. Access
+        time: the policy's clock for a learning eviction, else SGLang's ``last_access_time``."""
         end = node_depth(node)
         start = end - len(node.key)
         state_bytes = self.cost.state_bytes if holds_state else 0
         nbytes = state_bytes + (self.cost.kv_bytes_per_token * (end - start) if is_leaf else 0)
         hit_possible = holds_state or not self.cost.has_ssm
-        flops = self.cost.prefill_flops(end, start) if hit_possible else 0.0
-        return CandidateInfo(int(node.last_access_time), nbytes, float(flops))
+        flops = 0.0
+        if hit_possible and self.eviction.needs_cost:
+            flops = float(self.cost.prefill_flops(end, start))
+        if self.eviction.learns:  # ages on the policy's clock, as the histograms were filled
+            access, kind = (
+                getattr(node, ACCESS_ATTR, 0),
+                class_of(is_leaf, getattr(node, HITS_ATTR, 0)),
+            )
+        else:
+            access, kind = int(node.last_access_time), 0
+        return CandidateInfo(int(access), nbytes, flops, kind, end if hit_possible else 0)
 
     def order(self, infos: Sequence[CandidateInfo]) -> list[int]:
         """Indices of ``infos`` in eviction order (lowest priority first); refits the policy's
@@ -180,4 +231,10 @@ class MarconiPolicy:
     def _tick(self) -> None:
         self._events += 1
         if self._events % self.stats._log_every == 0:
-            logger.info(self.stats.summary())
+            enabled = getattr(self.admission, "enabled", None)  # the learned admission's kinds
+            kinds = (
+                ""
+                if enabled is None
+                else " kinds=" + ",".join(sorted(k.name.lower() for k in enabled))
+            )
+            logger.info(self.stats.summary() + kinds)

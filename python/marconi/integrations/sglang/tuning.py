@@ -58,7 +58,7 @@ class BackendAlphaTuner:
             cost.state_bytes
         )
         config = preset_config(
-            "marconi-paper", alpha=policy.alpha, page_size=page_size, match_rule=SGLANG_MATCH_RULE
+            policy.preset, alpha=policy.alpha, page_size=page_size, match_rule=SGLANG_MATCH_RULE
         )
         self.reference = PrefixCache(cost, MemoryBudget.shared(self.budget_bytes), config)
         self.tuner = ShadowTuner(self.reference, replay=replay_fed, workers=1, window=window)
