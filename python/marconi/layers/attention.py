@@ -93,11 +93,9 @@ class PagedAttention(nn.Module):
             q, k = self.rope(q, k, meta.positions)
         k_cache.index_copy_(0, meta.new_kv_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.new_kv_slots, v.to(v_cache.dtype))
-        outs = [
-            self._attend(q[p.rows], k[p.rows], v[p.rows], p.meta, k_cache, v_cache)
-            for p in meta.parts
-        ]
-        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        o = meta.per_part(
+            lambda rows, m: self._attend(q[rows], k[rows], v[rows], m, k_cache, v_cache)
+        )
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
     def _attend(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
@@ -76,6 +76,11 @@ class BatchMeta:
         """The sub-batches a mixer runs separately: ``split``, or the whole batch as one part.
         Per-token layers (norms, linears, MLPs) still run over every row at once."""
         return self.split or (BatchPart(slice(None), self),)
+
+    def per_part(self, fn: Callable[[slice, BatchMeta], torch.Tensor]) -> torch.Tensor:
+        """``fn(rows, part_meta)`` for every part, concatenated along rows in batch order."""
+        outs = [fn(p.rows, p.meta) for p in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     @property
     def num_reqs(self) -> int:

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from functools import cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +84,15 @@ class CKernel:
         return fn
 
     def get(self) -> Any | None:
-        """The built function (built on the first call), or None (see the module docstring)."""
+        """The built function (built on the first call), or None (see the module docstring).
+        Called per layer per step: the first result is kept on the instance."""
+        return self._built
+
+    @cached_property
+    def _built(self) -> Any | None:
         return _build(self)
 
 
-@cache
 def _build(kernel: CKernel) -> Any | None:
     if os.environ.get(kernel.switch, "1") == "0":
         return None

@@ -139,8 +139,7 @@ class Mamba1Mixer(nn.Module):
         """x [T, hidden] packed -> [T, hidden]; updates conv_cache / ssm_cache in place.
         The projections run over every row, the conv + scan per part (``BatchMeta.parts``)."""
         xs, z = self.in_proj(x).chunk(2, dim=-1)
-        ys = [self._mix(xs[p.rows], p.meta, conv_cache, ssm_cache) for p in meta.parts]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys)
+        y = meta.per_part(lambda rows, m: self._mix(xs[rows], m, conv_cache, ssm_cache))
         return self.out_proj((y * F.silu(z.float())).to(x.dtype))
 
     def _mix(

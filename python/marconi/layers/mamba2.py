@@ -182,13 +182,11 @@ class Mamba2Mixer(nn.Module):
         (``BatchMeta.parts``): pure decodes by the recurrent step, the rest by the chunked scan.
         """
         proj = self.in_proj(x)
-        ys = [
-            (self._decode if p.meta.is_decode else self._prefill)(
-                proj[p.rows], p.meta, conv_cache, ssm_cache
+        y = meta.per_part(
+            lambda rows, m: (self._decode if m.is_decode else self._prefill)(
+                proj[rows], m, conv_cache, ssm_cache
             )
-            for p in meta.parts
-        ]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys)
+        )
         return self._output(y, proj[:, : self.inner])
 
     def _prefill(
