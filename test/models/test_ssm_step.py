@@ -64,3 +64,54 @@ def test_env_switch_turns_the_kernel_off() -> None:
     env = {**os.environ, "MARCONI_SSM_STEP_KERNEL": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def _decode_meta(slots: list[int]):
+    from marconi.layers.batch_meta import build_batch_meta
+    from marconi.models.batch import SequenceInput
+
+    reqs = [SequenceInput([7], list(range(5 * i, 5 * i + 5)), s) for i, s in enumerate(slots)]
+    return build_batch_meta(reqs, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("slots", "conv_bias", "dt_limit"),
+    [([3], True, (0.0, float("inf"))), ([5, 0, 2], False, (0.01, 0.5)), ([1, 4], True, (0.0, 1.0))],
+)
+def test_fused_decode_matches_the_torch_mixer_path(slots, conv_bias, dt_limit) -> None:
+    """The fused kernel = Mamba2Mixer's torch decode path + gated RMSNorm, outputs and both
+    pools (every slot: the others must stay untouched)."""
+    from marconi.layers.mamba2 import Mamba2Mixer
+    from marconi.layers.norm import gated_rms_norm
+
+    torch.manual_seed(len(slots))
+    mixer = Mamba2Mixer(32, 4, 8, 2, 16, 4, 16, 1e-5, conv_bias=conv_bias, dt_limit=dt_limit)
+    with torch.no_grad():
+        for prm in mixer.parameters():
+            prm.normal_(0.0, 0.5)
+    meta = _decode_meta(slots)
+    assert meta.is_decode
+    proj = torch.randn(len(slots), mixer.in_proj.out_features) * 2
+    conv = torch.randn(6, mixer.d_conv - 1, mixer.conv_dim)
+    ssm = torch.randn(6, 4, 8, 16)
+    assert ssm_step.fused_applies(proj, conv, ssm)
+    conv_ref, ssm_ref = conv.clone(), ssm.clone()
+    with torch.no_grad():
+        want = mixer._decode(proj, meta, conv_ref, ssm_ref)
+        want = gated_rms_norm(want, proj[:, : mixer.inner], mixer.norm.weight, 16, mixer.eps)
+        got = mixer._part(proj, meta, conv, ssm)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(conv, conv_ref, rtol=0, atol=0)
+    torch.testing.assert_close(ssm, ssm_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_decode_refuses_pools_of_another_shape() -> None:
+    prm = ssm_step.FusedParams(
+        *(torch.zeros(4, 24), None, torch.zeros(2), torch.zeros(2), torch.zeros(8)),
+        torch.ones(8), (0.0, 1.0), 1, 8, 1e-5,
+    )  # fmt: skip
+    proj = torch.zeros(1, 8 + 24 + 2)
+    with pytest.raises(ValueError, match="do not fit"):  # C = 24 needs N = 8, pool has N = 4
+        ssm_step.mamba2_decode_fused(
+            proj, torch.zeros(2, 3, 24), torch.zeros(2, 2, 4, 4), torch.tensor([0]), prm
+        )

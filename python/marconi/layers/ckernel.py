@@ -56,6 +56,7 @@ class CKernel:
     symbol: str
     argtypes: tuple[Any, ...]
     switch: str
+    libs: tuple[str, ...] = ()  # linker arguments after the source, e.g. ("-lm",)
 
     @property
     def path(self) -> Path:
@@ -68,7 +69,7 @@ class CKernel:
         fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so")
         os.close(fd)
         try:
-            cmd = [cc, *FLAGS, *extra_flags, str(self.path), "-o", tmp]
+            cmd = [cc, *FLAGS, *extra_flags, str(self.path), *self.libs, "-o", tmp]
             subprocess.run(cmd, check=True, capture_output=True, text=True)
             os.replace(tmp, out)
         finally:
@@ -100,9 +101,8 @@ def _build(kernel: CKernel) -> Any | None:
     if cc is None:
         log.info("no C compiler found: %s uses its torch path", kernel.symbol)
         return None
-    key = hashlib.sha256(
-        b"\0".join([kernel.path.read_bytes(), " ".join(FLAGS).encode(), cpu_flags().encode()])
-    ).hexdigest()[:16]
+    parts = [kernel.path.read_bytes(), " ".join(FLAGS + kernel.libs).encode(), cpu_flags().encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     path = cache_dir() / "kernels" / f"{kernel.symbol}-{key}.so"
     try:
         return kernel.load(path if path.is_file() else kernel.compile(cc, path))

@@ -143,6 +143,7 @@ class Mamba2Mixer(nn.Module):
         self.inner = num_heads * head_dim
         self.conv_dim = self.inner + 2 * n_groups * d_state
         self.act = activation(act)
+        self._fusable = act in ("silu", "swish")  # the fused decode kernel's activation
         self.in_proj = Linear(hidden, self.inner + self.conv_dim + num_heads, bias=proj_bias)
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=conv_bias
@@ -169,10 +170,6 @@ class Mamba2Mixer(nn.Module):
             dt = dt.clamp(min=lo, max=hi)
         return dt
 
-    def _output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        y = gated_rms_norm(y, z, self.norm.weight, self.inner // self.n_groups, self.eps)
-        return self.out_proj(y)
-
     def forward(
         self, x: torch.Tensor, meta: BatchMeta, conv_cache: torch.Tensor, ssm_cache: torch.Tensor
     ) -> torch.Tensor:
@@ -182,12 +179,25 @@ class Mamba2Mixer(nn.Module):
         (``BatchMeta.parts``): pure decodes by the recurrent step, the rest by the chunked scan.
         """
         proj = self.in_proj(x)
-        y = meta.per_part(
-            lambda rows, m: (self._decode if m.is_decode else self._prefill)(
-                proj[rows], m, conv_cache, ssm_cache
-            )
-        )
-        return self._output(y, proj[:, : self.inner])
+        y = meta.per_part(lambda rows, m: self._part(proj[rows], m, conv_cache, ssm_cache))
+        return self.out_proj(y)
+
+    def _part(
+        self, proj: torch.Tensor, meta: BatchMeta, conv_cache: torch.Tensor, ssm_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """One part of the batch: in_proj rows -> the gated-normed y that goes into out_proj.
+        Pure decodes take the fused C kernel where it applies (``ssm_step.mamba2_decode_fused``)."""
+        if meta.is_decode:
+            if self._fusable and ssm_step.fused_applies(proj, conv_cache, ssm_cache):
+                prm = self._fused_params()
+                return ssm_step.mamba2_decode_fused(
+                    proj, conv_cache, ssm_cache, meta.state_slots, prm
+                )
+            y = self._decode(proj, meta, conv_cache, ssm_cache)
+        else:
+            y = self._prefill(proj, meta, conv_cache, ssm_cache)
+        z = proj[:, : self.inner]
+        return gated_rms_norm(y, z, self.norm.weight, self.inner // self.n_groups, self.eps)
 
     def _prefill(
         self,
@@ -329,4 +339,28 @@ class Mamba2Mixer(nn.Module):
             )
             cached = (key, derived)
             self.__dict__["_derived"] = cached
+        return cached[1]
+
+    def _fused_params(self) -> ssm_step.FusedParams:
+        """``_decode_params`` in the fused kernel's form (fp32), rebuilt with them."""
+        derived = self._decode_params(torch.float32)
+        cached = self.__dict__.get("_fused")
+        norm_w = self.norm.weight
+        key = (id(derived), norm_w.data_ptr(), norm_w._version)
+        if cached is None or cached[0] != key:
+            conv_w, conv_b, a_neg, d_skip, dt_bias = derived
+            prm = ssm_step.FusedParams(
+                conv_w=conv_w,
+                conv_b=None if conv_b is None else conv_b.float().contiguous(),
+                dt_bias=dt_bias.contiguous(),
+                a_neg=a_neg.contiguous(),
+                d_skip=d_skip.contiguous(),
+                norm_w=norm_w.detach().float().contiguous(),
+                dt_limit=(float(self.dt_limit[0]), float(self.dt_limit[1])),
+                n_groups=self.n_groups,
+                norm_group=self.inner // self.n_groups,
+                eps=float(self.eps),
+            )
+            cached = (key, prm, derived)  # derived kept alive so its id stays unique
+            self.__dict__["_fused"] = cached
         return cached[1]

@@ -1,4 +1,4 @@
-"""The Mamba-2 decode state update as one in-place C pass (``csrc/mamba2_decode_step.c``).
+"""The Mamba-2 decode step as in-place C passes (``csrc/mamba2_decode_step.c``).
 
 A decode step of B requests reads and writes each request's SSM state once, in its pool slot.
 torch's batched path (``Mamba2Mixer._decode``) gathers the B states, decays and updates the copy,
@@ -6,11 +6,16 @@ multiplies by C and scatters it back: five passes over states that dominate a de
 memory traffic at B > 1 (``docs/performance.md``). Built by ``marconi.layers.ckernel``; without
 a compiler, or with ``MARCONI_SSM_STEP_KERNEL=0``, ``available()`` is false and the mixer keeps
 its torch path. Takes fp32 CPU tensors only (the caller checks with ``applies``).
+
+``mamba2_decode_fused`` goes further: the whole mixer between ``in_proj`` and ``out_proj`` (conv,
+SiLU, dt, the recurrence, D skip, gated RMSNorm) in one call, replacing ~30 torch dispatches per
+Mamba layer per decode step, which at batch 1 cost more than the recurrence itself. Same switch.
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 
@@ -24,9 +29,96 @@ KERNEL = CKernel(
 )
 
 
+FUSED = CKernel(
+    "mamba2_decode_step.c",
+    "mamba2_decode_fused",
+    (
+        ctypes.c_void_p,
+        ctypes.c_long,
+        *[ctypes.c_void_p] * 3,
+        *[ctypes.c_long] * 6,
+        *[ctypes.c_void_p] * 4,
+        ctypes.c_float,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ),
+    "MARCONI_SSM_STEP_KERNEL",
+    libs=("-lm",),
+)
+
+
 def available() -> bool:
     """Whether the kernel is built and loaded (builds it on the first call)."""
     return KERNEL.get() is not None
+
+
+class FusedParams(NamedTuple):
+    """A mixer's derived decode parameters, all fp32 and contiguous (``Mamba2Mixer``)."""
+
+    conv_w: torch.Tensor  # [K, C]
+    conv_b: torch.Tensor | None  # [C]
+    dt_bias: torch.Tensor  # [H]
+    a_neg: torch.Tensor  # [H], -exp(A_log)
+    d_skip: torch.Tensor  # [H * P]
+    norm_w: torch.Tensor  # [H * P]
+    dt_limit: tuple[float, float]
+    n_groups: int  # G of B / C
+    norm_group: int  # channels per gated-RMSNorm group
+    eps: float
+
+
+def fused_applies(proj: torch.Tensor, conv_cache: torch.Tensor, ssm_cache: torch.Tensor) -> bool:
+    """The fused kernel serves this step: fp32 contiguous CPU rows and pools, kernel built."""
+    return (
+        proj.dtype == conv_cache.dtype == torch.float32
+        and proj.is_contiguous()
+        and conv_cache.is_contiguous()
+        and conv_cache.device.type == "cpu"
+        and applies(ssm_cache)
+        and FUSED.get() is not None
+    )
+
+
+def mamba2_decode_fused(
+    proj: torch.Tensor,
+    conv_cache: torch.Tensor,
+    ssm_cache: torch.Tensor,
+    slots: torch.Tensor,
+    prm: FusedParams,
+) -> torch.Tensor:
+    """One token per request: in_proj rows ``proj`` [B, >= H*P + C + H] (z | xBC | dt) ->
+    the gated-normed y [B, H * P] that goes into out_proj; ``conv_cache[slots]`` [B, K-1, C] and
+    ``ssm_cache[slots]`` [B, H, P, N] advance one token in place. Slots must be distinct."""
+    _, h, p, n = ssm_cache.shape
+    _, km1, c = conv_cache.shape
+    bsz, inner = slots.numel(), h * p
+    if c != inner + 2 * prm.n_groups * n or proj.shape[0] != bsz or proj.shape[1] < inner + c + h:
+        raise ValueError(
+            f"proj {tuple(proj.shape)} / conv pool {tuple(conv_cache.shape)} do "
+            f"not fit ssm pool {tuple(ssm_cache.shape)} with {prm.n_groups} groups"
+        )
+    if inner % prm.norm_group or tuple(prm.conv_w.shape) != (km1 + 1, c):
+        raise ValueError(f"norm group {prm.norm_group} / conv weight {tuple(prm.conv_w.shape)}")
+    slots = slots.to(torch.long).contiguous()
+    out = torch.empty(bsz, inner, dtype=torch.float32)
+    work = torch.empty(c + inner, dtype=torch.float32)
+    fn = FUSED.get()
+    assert fn is not None, "mamba2_decode_fused called without the kernel (fused_applies)"
+    lo, hi = prm.dt_limit
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    fn(
+        proj.data_ptr(), proj.shape[1], conv_cache.data_ptr(), ssm_cache.data_ptr(),
+        slots.data_ptr(), bsz, h, p, n, prm.n_groups, km1 + 1,
+        prm.conv_w.data_ptr(), ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
+        lo, hi, prm.d_skip.data_ptr(), prm.norm_w.data_ptr(), prm.norm_group, prm.eps,
+        work.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    return out
 
 
 def applies(ssm_cache: torch.Tensor) -> bool:

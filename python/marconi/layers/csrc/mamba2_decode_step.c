@@ -1,49 +1,109 @@
-/* One Mamba-2 decode step for a batch, updating the SSM state pool in place.
+/* Mamba-2 decode for a batch, updating the conv and SSM state pools in place.
  *
- * For request i (state slot slots[i]), head h (group g = h / (H / G)), channel p:
+ * mamba2_decode_step: the SSM recurrence alone. For request i (state slot slots[i]), head h
+ * (group g = h / (H / G)), channel p:
  *   state[p][n] = state[p][n] * decay[i][h] + x[i][h][p] * dt[i][h] * b[i][g][n]
  *   y[i][h][p]  = sum_n state[p][n] * c[i][g][n]
  * with decay = exp(dt * A) computed by the caller. Every state row is read once and written
  * once, where torch's batched path gathers the slots, updates a copy in two passes and
- * scatters it back (five passes over the states). fp32 in and
- * out; the sum runs in 16 partial sums (the compiler vectorises them), so y differs from a
- * matmul only by summation order.
+ * scatters it back (five passes over the states).
+ *
+ * mamba2_decode_fused: the whole mixer between in_proj and out_proj for one token per request
+ * (the ~30 small torch ops of Mamba2Mixer._decode + gated_rms_norm, each a dispatch of a few
+ * microseconds on rows of a few hundred floats): causal conv over the conv state + the new xBC
+ * row (conv state shifted in place), SiLU, dt = clamp(softplus(dt + dt_bias)), decay =
+ * exp(dt * A), the recurrence above, the D skip, then y * silu(z) RMS-normed per group of
+ * norm_group channels times norm_w.
+ *
+ * fp32 in and out; sums run in 16 partial sums (the compiler vectorises them), so results
+ * differ from torch's only by summation order and libm rounding.
  */
+#include <math.h>
 
 #define LANES 16
 
+/* One head of one request: update its P state rows by one token, write y[p]. */
+static void ssm_head(float *st, long P, long N, float xd_scale, const float *x, float decay,
+                     const float *bb, const float *cc, float *y) {
+    for (long p = 0; p < P; p++, st += N) {
+        const float xd = x[p] * xd_scale;
+        float acc[LANES] = {0.0f};
+        long n = 0;
+        for (; n + LANES <= N; n += LANES)
+            for (int j = 0; j < LANES; j++) {
+                const float v = st[n + j] * decay + xd * bb[n + j];
+                st[n + j] = v;
+                acc[j] += v * cc[n + j];
+            }
+        for (; n < N; n++) {
+            const float v = st[n] * decay + xd * bb[n];
+            st[n] = v;
+            acc[n % LANES] += v * cc[n];
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < LANES; j++) sum += acc[j];
+        y[p] = sum;
+    }
+}
+
 void mamba2_decode_step(float *ssm, const long *slots, long bsz, long H, long P, long N, long G,
-                        const float *x, const float *dt, const float *decay_, const float *b,
+                        const float *x, const float *dt, const float *decay, const float *b,
                         const float *c, float *y) {
     const long hpg = H / G;
     for (long i = 0; i < bsz; i++) {
         float *s_i = ssm + slots[i] * H * P * N;
         for (long h = 0; h < H; h++) {
-            const long g = h / hpg;
-            const float d = dt[i * H + h];
-            const float decay = decay_[i * H + h];
-            const float *bb = b + (i * G + g) * N;
-            const float *cc = c + (i * G + g) * N;
-            for (long p = 0; p < P; p++) {
-                float *st = s_i + (h * P + p) * N;
-                const float xd = x[(i * H + h) * P + p] * d;
-                float acc[LANES] = {0.0f};
-                long n = 0;
-                for (; n + LANES <= N; n += LANES)
-                    for (int j = 0; j < LANES; j++) {
-                        const float v = st[n + j] * decay + xd * bb[n + j];
-                        st[n + j] = v;
-                        acc[j] += v * cc[n + j];
-                    }
-                for (; n < N; n++) {
-                    const float v = st[n] * decay + xd * bb[n];
-                    st[n] = v;
-                    acc[n % LANES] += v * cc[n];
-                }
-                float sum = 0.0f;
-                for (int j = 0; j < LANES; j++) sum += acc[j];
-                y[(i * H + h) * P + p] = sum;
-            }
+            const long off = (i * G + h / hpg) * N;
+            ssm_head(s_i + h * P * N, P, N, dt[i * H + h], x + (i * H + h) * P,
+                     decay[i * H + h], b + off, c + off, y + (i * H + h) * P);
+        }
+    }
+}
+
+static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* proj: [bsz, proj_stride] in_proj rows laid out z [H*P] | xBC [C] | dt [H] (C = H*P + 2*G*N);
+ * conv_pool: [slots, K-1, C]; ssm_pool: [slots, H, P, N]; conv_w: [K, C]; conv_b: [C] or NULL;
+ * dt_bias, a_neg: [H]; d_skip, norm_w: [H*P]; work: [C + H*P] scratch; out: [bsz, H*P]. */
+void mamba2_decode_fused(const float *proj, long proj_stride, float *conv_pool, float *ssm_pool,
+                         const long *slots, long bsz, long H, long P, long N, long G, long K,
+                         const float *conv_w, const float *conv_b, const float *dt_bias,
+                         const float *a_neg, float lo, float hi, const float *d_skip,
+                         const float *norm_w, long norm_group, float eps, float *work,
+                         float *out) {
+    const long inner = H * P, gn = G * N, C = inner + 2 * gn, hpg = H / G;
+    float *xbc = work, *y = work + C;
+    for (long i = 0; i < bsz; i++) {
+        const float *z = proj + i * proj_stride, *xin = z + inner, *dtin = xin + C;
+        float *cst = conv_pool + slots[i] * (K - 1) * C;
+        for (long c = 0; c < C; c++) { /* conv over [state rows, new row], then shift */
+            float acc = conv_b ? conv_b[c] : 0.0f;
+            for (long k = 0; k < K - 1; k++) acc += cst[k * C + c] * conv_w[k * C + c];
+            acc += xin[c] * conv_w[(K - 1) * C + c];
+            for (long k = 0; k + 1 < K - 1; k++) cst[k * C + c] = cst[(k + 1) * C + c];
+            if (K > 1) cst[(K - 2) * C + c] = xin[c];
+            xbc[c] = silu(acc);
+        }
+        const float *xs = xbc, *b = xbc + inner, *cc = b + gn;
+        float *s_i = ssm_pool + slots[i] * H * P * N;
+        for (long h = 0; h < H; h++) {
+            float dt = softplus(dtin[h] + dt_bias[h]);
+            dt = fminf(fmaxf(dt, lo), hi);
+            const long off = (h / hpg) * N;
+            ssm_head(s_i + h * P * N, P, N, dt, xs + h * P, expf(dt * a_neg[h]), b + off,
+                     cc + off, y + h * P);
+        }
+        float *o = out + i * inner;
+        for (long j = 0; j < inner; j++) y[j] = (y[j] + xs[j] * d_skip[j]) * silu(z[j]);
+        for (long g0 = 0; g0 < inner; g0 += norm_group) {
+            float acc[LANES] = {0.0f};
+            for (long j = 0; j < norm_group; j++) acc[j % LANES] += y[g0 + j] * y[g0 + j];
+            float ss = 0.0f;
+            for (int j = 0; j < LANES; j++) ss += acc[j];
+            const float r = 1.0f / sqrtf(ss / (float)norm_group + eps);
+            for (long j = g0; j < g0 + norm_group; j++) o[j] = y[j] * r * norm_w[j];
         }
     }
 }
