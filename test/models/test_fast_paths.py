@@ -31,3 +31,18 @@ def test_kv_range_only_for_one_request_with_consecutive_slots() -> None:
     assert gap.kv_range is None
     two = build_batch_meta([SequenceInput([1], [0, 1], 0), SequenceInput([1], [2, 3], 1)], cpu)
     assert two.kv_range is None
+
+
+def test_rms_norm_kernel_matches_torch_for_decode_rows() -> None:
+    from marconi.layers import norm
+
+    assert norm.KERNEL.get() is not None  # a C compiler is part of the dev/CI setup
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(389, generator=g)  # not a multiple of the kernel's 16 lanes
+    for rows in (1, 3, norm.KERNEL_MAX_ROWS, norm.KERNEL_MAX_ROWS + 1):
+        x = torch.randn(rows, 389, generator=g) * 3
+        torch.testing.assert_close(
+            norm.rms_norm(x, w, 1e-5), F.rms_norm(x, (389,), w, 1e-5), atol=1e-6, rtol=1e-5
+        )
+    x = torch.randn(2, 3, 389, generator=g)  # not 2-D: torch's op
+    torch.testing.assert_close(norm.rms_norm(x, w, 1e-5), F.rms_norm(x, (389,), w, 1e-5))
