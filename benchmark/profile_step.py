@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 from marconi.engine.config import EngineConfig
 from marconi.engine.engine import Engine
 from marconi.engine.request import SamplingParams

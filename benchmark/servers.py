@@ -10,7 +10,8 @@
 - ``vllm-bind``: the same with ``VLLM_CPU_OMP_THREADS_BIND=0-<cores-1>``.
 
 Our names may carry extra flags for A/B runs: ``marconi/num-threads=1/chunked-prefill-size=256``
-starts ``--prefix-cache marconi ARGS --num-threads 1 --chunked-prefill-size 256``.
+starts ``--prefix-cache marconi ARGS --num-threads 1 --chunked-prefill-size 256``; an upper-case
+key sets an environment variable instead: ``marconi/OMP_WAIT_POLICY=ACTIVE``.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def command(name: str, port: int, server_args: str) -> tuple[list[str], dict[str
                str(folder), *VLLM_FLAGS, "--port", str(port)]  # fmt: skip
         return cmd, env
     policy, *extra = name.split("/")
-    flags = [w for kv in extra for w in (f"--{kv.partition('=')[0]}", kv.partition("=")[2])]
+    pairs = [kv.partition("=")[::2] for kv in extra]
+    env.update((k, v) for k, v in pairs if k.isupper())
+    flags = [w for k, v in pairs if not k.isupper() for w in (f"--{k}", v)]
     cmd = [sys.executable, "-m", "marconi.launch_server", "--port", str(port)]
     return [*cmd, "--prefix-cache", policy, *server_args.split(), *flags], env
 

@@ -7,6 +7,15 @@ Flow of one step: ``Scheduler.schedule`` -> ``ModelRunner.forward`` / ``sample``
 
 from __future__ import annotations
 
+import os
+
+#: OpenMP threads sleep at barriers instead of spinning, unless the user chose otherwise. Set
+#: before torch loads libgomp (which reads it once, at load). With GNU OpenMP's default spin, a
+#: two-thread prefill on 2 cores took 14x longer (7.0 s vs 0.5 s for 512 tokens) as soon as any
+#: other process ran on the second core, even at nice 15; sleeping costs a wake-up per parallel
+#: region, nothing at the op sizes that use more than one thread (``docs/performance.md``).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from marconi.engine.config import EngineConfig
 from marconi.engine.engine import Engine, EngineStats, RequestError
 from marconi.engine.llm import LLM, Completion
