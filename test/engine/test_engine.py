@@ -278,3 +278,22 @@ def test_lpm_admits_the_longest_cached_prefix_first_without_changing_outputs(pol
 def test_unknown_schedule_policy_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="choose one of fcfs, lpm"):
         LLM("tiny", "marconi", schedule_policy="random")
+
+
+@pytest.mark.parametrize(("preset", "want"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_sleep_at_barriers_unless_the_user_chose(preset, want) -> None:
+    """``import marconi.engine`` (the server's first import) sets OMP_WAIT_POLICY before torch
+    loads libgomp, and leaves a user's own setting alone (``docs/performance.md``)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if preset:
+        env["OMP_WAIT_POLICY"] = preset
+    code = (
+        "import marconi.engine, os, sys; "
+        "print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == [want, "True"], out.stderr
