@@ -70,3 +70,39 @@ def test_more_rows_than_the_tile_are_refused() -> None:
     x, w = torch.randn(small_m.MAX_ROWS + 1, 16), torch.randn(4, 16)
     with pytest.raises(ValueError, match="rows"):
         small_m.small_m_linear(x, w, None)
+
+
+def test_two_threads_match_f_linear_and_share_the_work() -> None:
+    """The helper thread's chunks land in the right rows, across many back-to-back calls (the
+    helper spins between them) and from two caller threads at once (one of them then runs
+    alone): the output equals F.linear's, every time."""
+    import threading
+
+    assert small_m.set_threads(2) == 2
+    try:
+        g = torch.Generator().manual_seed(7)
+        shapes = [(130, 384), (1536, 384), (384, 1536), (260, 384), (4097, 64)]
+        weights = [(torch.randn(n, k, generator=g), torch.randn(n, generator=g)) for n, k in shapes]
+        before = small_m.stats()
+        errors: list[str] = []
+
+        def hammer(seed: int) -> None:
+            gen = torch.Generator().manual_seed(seed)
+            for it in range(300):
+                w, b = weights[it % len(weights)]
+                x = torch.randn(1 + it % small_m.MAX_ROWS, w.shape[1], generator=gen)
+                got, want = small_m.small_m_linear(x, w, b), F.linear(x, w, b)
+                if not torch.allclose(got, want, rtol=1e-5, atol=2e-6 * w.shape[1] ** 0.5):
+                    errors.append(f"call {it}: max err {(got - want).abs().max():.3g}")
+
+        hammer(0)
+        pair = [threading.Thread(target=hammer, args=(s,)) for s in (1, 2)]
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join()
+        assert not errors, errors[:5]
+        after = small_m.stats()
+        assert after["calls"] > before["calls"]  # the two-thread path ran
+    finally:
+        assert small_m.set_threads(1) == 1

@@ -6,6 +6,7 @@ already chosen by the cache manager) and the requests' sampling parameters.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -36,6 +37,10 @@ class ModelRunner:
         if self.cpu:
             small_m.available()  # build the decode kernels now, not inside the first request
             ssm_step.available()
+            #: threads of the decode linear kernel (its own helper thread, not OpenMP's)
+            self.kernel_threads = small_m.set_threads(
+                int(os.environ.get("MARCONI_SMALL_M_THREADS", self.max_threads))
+            )
 
     def forward(self, inputs: Sequence[SequenceInput]) -> torch.Tensor:
         """Last-token logits [B, vocab] (fp32) of each input, in order."""
@@ -45,9 +50,10 @@ class ModelRunner:
 
     def _set_threads(self, rows: int) -> None:
         """One intra-op thread for a small decode step, ``max_threads`` otherwise. A decode of
-        <= ``small_m.MAX_ROWS`` rows streams the weights through the single-threaded C kernel,
-        so more threads only add OpenMP barriers to its small ops (measured: no gain on a quiet
-        machine, 3x slower when another process holds a core; ``docs/performance.md``)."""
+        <= ``small_m.MAX_ROWS`` rows streams the weights through the C kernel, which brings its
+        own helper thread (``small_m.set_threads``), so OpenMP threads would only add barriers
+        to its small ops (measured: no gain on a quiet machine, 3x slower when another process
+        holds a core; ``docs/performance.md``)."""
         want = 1 if rows <= small_m.MAX_ROWS else self.max_threads
         if want != self._threads:
             torch.set_num_threads(want)

@@ -89,6 +89,15 @@ class CKernel:
         Called per layer per step: the first result is kept on the instance."""
         return self._built
 
+    def companion(self, symbol: str, argtypes: tuple[Any, ...], restype: Any = None) -> Any | None:
+        """Another function of the same library (same globals as ``get()``'s), or None when
+        the kernel is unavailable."""
+        if self.get() is None:
+            return None
+        fn = getattr(ctypes.CDLL(str(self.__dict__["_library"])), symbol)
+        fn.argtypes, fn.restype = list(argtypes), restype
+        return fn
+
     @cached_property
     def _built(self) -> Any | None:
         return _build(self)
@@ -105,7 +114,9 @@ def _build(kernel: CKernel) -> Any | None:
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     path = cache_dir() / "kernels" / f"{kernel.symbol}-{key}.so"
     try:
-        return kernel.load(path if path.is_file() else kernel.compile(cc, path))
+        fn = kernel.load(path if path.is_file() else kernel.compile(cc, path))
+        kernel.__dict__["_library"] = path  # for companion()
+        return fn
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or e
         log.warning("C kernel %s unavailable (%s): using its torch path", kernel.symbol, detail)

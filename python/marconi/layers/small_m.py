@@ -4,7 +4,10 @@ Decode batches multiply a handful of rows by every weight matrix, so their speed
 the weights stream from memory. On this project's CPU (one core) torch's sgemm reads a
 row-major fp32 weight at ~11 GB/s for 1 row; the C kernel, which walks the weight once, row by
 row, against all (<= 4) input rows, reads it at ~20-28 GB/s for one row, ~13 GB/s for four
-(``docs/performance.md``). From about five rows on, with two threads, sgemm catches up.
+(``docs/performance.md``). From about five rows on, with two threads, sgemm catches up. On
+CPUs where one core cannot pull the memory bandwidth (this project's Intel Xeon: ~10 GB/s a
+core), ``set_threads(2)`` lets a helper thread stream part of the rows, without OpenMP's
+barriers.
 
 Built on first use by ``marconi.layers.ckernel``; without a compiler, or with
 ``MARCONI_SMALL_M_KERNEL=0``, ``available()`` is false and callers keep ``F.linear``.
@@ -27,7 +30,28 @@ KERNEL = CKernel(
     "small_m_linear",
     (*[ctypes.c_void_p] * 4, *[ctypes.c_long] * 3),
     "MARCONI_SMALL_M_KERNEL",
+    libs=("-lpthread",),
 )
+
+
+def set_threads(n: int) -> int:
+    """Threads the kernel uses: 1 (the caller alone) or 2 (the caller + one helper thread that
+    takes chunks of weight rows when it gets a core; see ``csrc/small_m_linear.c``). Returns
+    the setting in effect (1 without the kernel or if the helper cannot start)."""
+    fn = KERNEL.companion("small_m_set_threads", (ctypes.c_int,), ctypes.c_int)
+    return 1 if fn is None else int(fn(2 if n >= 2 else 1))
+
+
+def stats() -> dict[str, int]:
+    """Two-thread counters since start: calls, chunks the helper did, ns the caller waited
+    for the helper, stalls (waits over the kernel's threshold, each followed by a back-off),
+    and how many A/B periods chose one thread and two (``csrc/small_m_linear.c``)."""
+    fn = KERNEL.companion("small_m_stats", (ctypes.c_void_p,))
+    out = (ctypes.c_long * 6)()
+    if fn is not None:
+        fn(out)
+    names = ("calls", "helper_chunks", "wait_ns", "stalls", "periods_one", "periods_two")
+    return dict(zip(names, out, strict=True))
 
 
 def available() -> bool:
