@@ -106,3 +106,26 @@ def test_two_threads_match_f_linear_and_share_the_work() -> None:
         assert after["calls"] > before["calls"]  # the two-thread path ran
     finally:
         assert small_m.set_threads(1) == 1
+
+
+def test_kernels_load_as_python_extensions_with_a_ctypes_fallback() -> None:
+    """Where Python's headers exist (dev and CI) the kernels are METH_FASTCALL functions that
+    check their arguments; ``MARCONI_KERNEL_FFI=ctypes`` builds and loads the plain library."""
+    import types
+
+    from marconi.layers import ckernel, norm, ssm_step
+
+    assert ckernel.python_ext_flags()
+    for kernel in (small_m.KERNEL, ssm_step.KERNEL, ssm_step.FUSED, norm.KERNEL):
+        assert isinstance(kernel.get(), types.BuiltinFunctionType), kernel.symbol
+    with pytest.raises(TypeError, match="takes 7 arguments"):
+        small_m.KERNEL.get()(0, 0, None, 0, 1, 1)
+    code = (
+        "import torch, torch.nn.functional as F; from marconi.layers import small_m; "
+        "x, w = torch.randn(3, 40), torch.randn(150, 40); "
+        "ok = torch.allclose(small_m.small_m_linear(x, w, None), F.linear(x, w), atol=1e-4); "
+        "print(type(small_m.KERNEL.get()).__name__, ok)"
+    )
+    env = {**os.environ, "MARCONI_KERNEL_FFI": "ctypes"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["_FuncPtr", "True"], out.stderr

@@ -18,6 +18,9 @@
  * fp32 in and out; sums run in 16 partial sums (the compiler vectorises them), so results
  * differ from torch's only by summation order and libm rounding.
  */
+#ifdef MARCONI_PYEXT
+#include "pyext.h" /* first: Python.h must precede system headers */
+#endif
 #include <math.h>
 
 #define LANES 16
@@ -107,3 +110,16 @@ void mamba2_decode_fused(const float *proj, long proj_stride, float *conv_pool, 
         }
     }
 }
+
+#ifdef MARCONI_PYEXT
+PYEXT_FUNCTION(mamba2_decode_step, "pplllllpppppp",
+               mamba2_decode_step(v[0].p, v[1].p, v[2].l, v[3].l, v[4].l, v[5].l, v[6].l, v[7].p,
+                                  v[8].p, v[9].p, v[10].p, v[11].p, v[12].p))
+PYEXT_FUNCTION(mamba2_decode_fused, "plpppllllllppppffpplfpp",
+               mamba2_decode_fused(v[0].p, v[1].l, v[2].p, v[3].p, v[4].p, v[5].l, v[6].l, v[7].l,
+                                   v[8].l, v[9].l, v[10].l, v[11].p, v[12].p, v[13].p, v[14].p,
+                                   v[15].f, v[16].f, v[17].p, v[18].p, v[19].l, v[20].f, v[21].p,
+                                   v[22].p))
+PYEXT_MODULE(mamba2_decode_step, PYEXT_METHOD(mamba2_decode_step),
+             PYEXT_METHOD(mamba2_decode_fused))
+#endif

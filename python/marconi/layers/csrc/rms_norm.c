@@ -5,6 +5,9 @@
  * and out, the sum of squares in 16 partial sums (the compiler vectorises them), so results
  * differ from torch's only by summation order.
  */
+#ifdef MARCONI_PYEXT
+#include "pyext.h" /* first: Python.h must precede system headers */
+#endif
 #include <math.h>
 
 #define LANES 16
@@ -22,3 +25,9 @@ void rms_norm_rows(const float *x, const float *w, float *y, long rows, long dim
         for (j = 0; j < dim; j++) y[j] = x[j] * r * w[j];
     }
 }
+
+#ifdef MARCONI_PYEXT
+PYEXT_FUNCTION(rms_norm_rows, "pppllf",
+               rms_norm_rows(v[0].p, v[1].p, v[2].p, v[3].l, v[4].l, v[5].f))
+PYEXT_MODULE(rms_norm, PYEXT_METHOD(rms_norm_rows))
+#endif

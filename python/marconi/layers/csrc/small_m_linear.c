@@ -20,6 +20,9 @@
  * The helper reads a job's pointers only through a claim of that job's generation, which it can
  * get only while the job is unfinished, i.e. while the caller is still inside the call.
  */
+#ifdef MARCONI_PYEXT
+#include "pyext.h" /* first: Python.h must precede system headers */
+#endif
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -251,3 +254,9 @@ static void two_threads(const float *x, const float *w, const float *bias, float
     }
     __atomic_store_n(&in_use, 0, __ATOMIC_RELEASE);
 }
+
+#ifdef MARCONI_PYEXT
+PYEXT_FUNCTION(small_m_linear, "pppplll",
+               small_m_linear(v[0].p, v[1].p, v[2].p, v[3].p, v[4].l, v[5].l, v[6].l))
+PYEXT_MODULE(small_m_linear, PYEXT_METHOD(small_m_linear))
+#endif
