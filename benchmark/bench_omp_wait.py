@@ -4,7 +4,7 @@ GNU OpenMP (torch's) reads ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` once, when t
 each variant runs in a fresh process: ``--tokens`` random tokens prefilled ``--reps`` times on
 ``--threads`` intra-op threads (the engine's own step loop, no HTTP), median ms per variant
 and round. Run it quiet and again with a competing process on a core (``--load``: a busy-loop
-process at nice 15 for the whole run) to see both sides::
+process at nice 15 for the whole run; ``--load 2``: one per core) to see both sides::
 
     .venv/bin/python benchmark/bench_omp_wait.py --variants ACTIVE,PASSIVE,spin=10000
     .venv/bin/python benchmark/bench_omp_wait.py --variants ACTIVE,PASSIVE --load
@@ -58,11 +58,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--load", action="store_true", help="a nice-15 busy loop on one core")
+    ap.add_argument(
+        "--load",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="N",
+        help="N nice-15 busy-loop processes (default 1) for the whole run",
+    )
     args = ap.parse_args()
-    hog = None
-    if args.load:
-        hog = subprocess.Popen(["nice", "-n", "15", sys.executable, "-c", "while True: pass"])
+    busy = ["nice", "-n", "15", sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(busy) for _ in range(args.load)]
     names = args.variants.split(",")
     got: dict[str, list[float]] = {n: [] for n in names}
     try:
@@ -77,10 +84,10 @@ def main() -> None:
                 got[n] += ms
                 print(f"round {r + 1} {n}: {' '.join(f'{x:.0f}' for x in ms)} ms", flush=True)
     finally:
-        if hog is not None:
+        for hog in hogs:
             hog.kill()
     print(f"\n{args.model}, {args.tokens}-token prefill, {args.threads} threads, "
-          f"{'with' if args.load else 'without'} a nice-15 busy loop")  # fmt: skip
+          f"{args.load} nice-15 busy-loop processes")  # fmt: skip
     print("| variant | median ms | min ms | max ms |\n|---|---|---|---|")
     for n, ms in got.items():
         print(f"| {n} | {statistics.median(ms):.0f} | {min(ms):.0f} | {max(ms):.0f} |")

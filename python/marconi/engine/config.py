@@ -76,7 +76,7 @@ class EngineConfig:
     cache_memory: str = "1GB"
     alpha: str = "auto"
     max_running_requests: int = 32
-    chunked_prefill_size: int = 512
+    chunked_prefill_size: int = 256
     schedule_policy: str = "fcfs"
     context_length: int | None = None
     default_max_tokens: int = 256
