@@ -20,8 +20,8 @@ mkdir -p "$OUT"
   ps -eo pcpu,comm --sort=-pcpu | awk 'NR > 1 && $1 > 5'
 } | tee "$OUT/machine.txt"
 for model in $MODELS; do
-  # small is ~4x tiny's compute per token: shorter prompts keep a round near a minute
-  if [ "$model" = small ]; then len=150; sessions=8; else len=300; sessions=12; fi
+  # small is ~4x tiny's compute per token: fewer sessions keep a round near a minute (18 requests)
+  if [ "$model" = small ]; then len=300; sessions=6; else len=300; sessions=12; fi
   "$PY" benchmark/bench_serving.py --launch marconi,vllm,vllm-bind --ascii-only \
     --server-args "--model $model --cache-memory 256MB" --max-output-len 16 \
     --max-input-len "$len" --num-sessions "$sessions" --concurrency 1,4,16 \
