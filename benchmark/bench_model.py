@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from marconi.layers import small_m
 from marconi.models import ForwardBatch, HybridForCausalLM, SequenceInput, load_model
 from marconi.models.tiny import ensure_tiny
 
@@ -110,6 +111,7 @@ def main() -> None:
         label = f"{name} ({params:.0f}M)"
         for th in map(int, args.threads.split(",")):
             torch.set_num_threads(th)
+            small_m.set_threads(th)  # our decode kernel's own threads, as the engine sets them
             for length in map(int, args.lengths.split(",")):
                 if args.quick and name != "tiny" and length > 512:
                     continue
@@ -137,7 +139,11 @@ def main() -> None:
             ctx = torch.randint(0, 256, (args.decode_context,), generator=g).tolist()
             d_ours = d_hf = float("inf")
             for _ in range(args.reps):  # interleaved, best of
+                # ours decodes as the engine runs it: one intra-op thread, the C kernel's own
+                # threads for the weights (``ModelRunner._set_threads``); transformers: th threads
+                torch.set_num_threads(1 if dev.type == "cpu" else th)
                 d_ours = min(d_ours, _ours_decode(ours, ctx, args.decode_steps))
+                torch.set_num_threads(th)
                 if hf is not None:
                     d_hf = min(d_hf, _hf_decode(hf, ctx, args.decode_steps))
             if hf is None:
