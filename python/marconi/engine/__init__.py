@@ -11,9 +11,10 @@ import os
 
 #: OpenMP threads sleep at barriers instead of spinning, unless the user chose otherwise. Set
 #: before torch loads libgomp (which reads it once, at load). With GNU OpenMP's default spin, a
-#: two-thread prefill on 2 cores took 14x longer (7.0 s vs 0.5 s for 512 tokens) as soon as any
-#: other process ran on the second core, even at nice 15; sleeping costs a wake-up per parallel
-#: region, nothing at the op sizes that use more than one thread (``docs/performance.md``).
+#: two-thread 512-token prefill on 2 cores took 14x longer (7.0 s vs 0.5 s) while another job's
+#: process ran, and 1.4x against a two-thread torch process; sleeping costs ~10% on a quiet
+#: machine and loses to spinning against plain busy loops (``docs/performance.md``).
+#: ``OMP_WAIT_POLICY=ACTIVE`` restores spinning on a dedicated machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from marconi.engine.config import EngineConfig

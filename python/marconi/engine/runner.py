@@ -37,10 +37,8 @@ class ModelRunner:
         if self.cpu:
             small_m.available()  # build the decode kernels now, not inside the first request
             ssm_step.available()
-            #: threads of the decode linear kernel (its own helper thread, not OpenMP's)
-            self.kernel_threads = small_m.set_threads(
-                int(os.environ.get("MARCONI_SMALL_M_THREADS", self.max_threads))
-            )
+            # threads of the decode linear kernel (its own helper thread, not OpenMP's)
+            small_m.set_threads(int(os.environ.get("MARCONI_SMALL_M_THREADS", self.max_threads)))
 
     def forward(self, inputs: Sequence[SequenceInput]) -> torch.Tensor:
         """Last-token logits [B, vocab] (fp32) of each input, in order."""

@@ -110,6 +110,7 @@ class CKernel:
             assert spec is not None
             module = importlib.util.module_from_spec(spec)
             loader.exec_module(module)
+            self.__dict__["_module"] = module  # for companion()
             return getattr(module, self.symbol)
         fn = getattr(ctypes.CDLL(str(path)), self.symbol)
         fn.argtypes = list(self.argtypes)
@@ -122,10 +123,14 @@ class CKernel:
         return self._built
 
     def companion(self, symbol: str, argtypes: tuple[Any, ...], restype: Any = None) -> Any | None:
-        """Another function of the same library (same globals as ``get()``'s), or None when
-        the kernel is unavailable."""
+        """Another function of the same library (same globals as ``get()``'s): the extension
+        module's where it exports ``symbol``, else through ctypes; None when the kernel is
+        unavailable."""
         if self.get() is None:
             return None
+        module = self.__dict__.get("_module")
+        if module is not None and hasattr(module, symbol):
+            return getattr(module, symbol)
         fn = getattr(ctypes.CDLL(str(self.__dict__["_library"])), symbol)
         fn.argtypes, fn.restype = list(argtypes), restype
         return fn

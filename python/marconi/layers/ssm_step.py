@@ -15,7 +15,8 @@ Mamba layer per decode step, which at batch 1 cost more than the recurrence itse
 from __future__ import annotations
 
 import ctypes
-from typing import NamedTuple
+from functools import cache
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,30 +27,32 @@ KERNEL = CKernel(
     "mamba2_decode_step",
     (ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 5, *[ctypes.c_void_p] * 6),
     "MARCONI_SSM_STEP_KERNEL",
-)
-
-
-FUSED = CKernel(
-    "mamba2_decode_step.c",
-    "mamba2_decode_fused",
-    (
-        ctypes.c_void_p,
-        ctypes.c_long,
-        *[ctypes.c_void_p] * 3,
-        *[ctypes.c_long] * 6,
-        *[ctypes.c_void_p] * 4,
-        ctypes.c_float,
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ),
-    "MARCONI_SSM_STEP_KERNEL",
     libs=("-lm",),
 )
+
+
+#: ``mamba2_decode_fused``'s ctypes signature (used where the library is not an extension)
+FUSED_ARGTYPES = (
+    ctypes.c_void_p,
+    ctypes.c_long,
+    *[ctypes.c_void_p] * 3,
+    *[ctypes.c_long] * 6,
+    *[ctypes.c_void_p] * 4,
+    ctypes.c_float,
+    ctypes.c_float,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_long,
+    ctypes.c_float,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+)
+
+
+@cache
+def fused_kernel() -> Any | None:
+    """``mamba2_decode_fused`` from the step kernel's own library (one build), or None."""
+    return KERNEL.companion("mamba2_decode_fused", FUSED_ARGTYPES)
 
 
 def available() -> bool:
@@ -80,7 +83,7 @@ def fused_applies(proj: torch.Tensor, conv_cache: torch.Tensor, ssm_cache: torch
         and conv_cache.is_contiguous()
         and conv_cache.device.type == "cpu"
         and applies(ssm_cache)
-        and FUSED.get() is not None
+        and fused_kernel() is not None
     )
 
 
@@ -107,7 +110,7 @@ def mamba2_decode_fused(
     slots = slots.to(torch.long).contiguous()
     out = torch.empty(bsz, inner, dtype=torch.float32)
     work = torch.empty(c + inner, dtype=torch.float32)
-    fn = FUSED.get()
+    fn = fused_kernel()
     assert fn is not None, "mamba2_decode_fused called without the kernel (fused_applies)"
     lo, hi = prm.dt_limit
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
