@@ -81,6 +81,47 @@ def test_ssd_scan_dense_plan_matches_recurrence(n: int) -> None:
     torch.testing.assert_close(captured[0][1][0], ref_states[15], atol=1e-5, rtol=1e-5)
 
 
+def test_ssd_scan_uneven_requests_match_recurrence_each() -> None:
+    """Requests with different prefixes, lengths and segment counts in one pass: each one's
+    outputs, final state and captures equal its own recurrence (the later steps of the scan
+    advance only the requests that still have segments)."""
+    g = torch.Generator().manual_seed(2)
+    h, p, gr, ns = 4, 3, 2, 5
+    prefixes, lens = (0, 5, 13, 2), (3, 23, 9, 1)
+    caps = {1: (5 + 8, 5 + 23), 2: (13 + 2,)}
+    reqs, slot = [], 1
+    for r, (pre, n) in enumerate(zip(prefixes, lens, strict=True)):
+        pos = caps.get(r, ())
+        reqs.append(
+            SequenceInput(
+                [0] * n, list(range(pre + n)), 0, pos, tuple(range(slot, slot + len(pos)))
+            )
+        )
+        slot += len(pos)
+    t = sum(lens)
+    x = torch.randn(t, h, p, generator=g)
+    b, c = torch.randn(t, gr, ns, generator=g), torch.randn(t, gr, ns, generator=g)
+    dt = torch.rand(t, h, generator=g) * 0.5
+    a = -torch.rand(h, generator=g) - 0.1
+    init = torch.randn(len(lens), h, p, ns, generator=g)
+    init_copy = init.clone()
+    plan = build_batch_meta(reqs, torch.device("cpu")).segment_plan(8)
+    y, final, captured = ssd_scan(x, dt, a, b, c, plan, init)
+    torch.testing.assert_close(init, init_copy, rtol=0, atol=0)  # the caller's tensor
+    got = {int(s): st for slots, sts in captured for s, st in zip(slots, sts, strict=True)}
+    start, slot = 0, 1
+    for r, n in enumerate(lens):
+        rows = slice(start, start + n)
+        ref_y, ref_states = _naive_ssd(x[rows], dt[rows], a, b[rows], c[rows], init[r])
+        torch.testing.assert_close(y[rows], ref_y, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(final[r], ref_states[-1], atol=1e-5, rtol=1e-5)
+        for pos in caps.get(r, ()):
+            off = pos - prefixes[r]
+            torch.testing.assert_close(got[slot], ref_states[off - 1], atol=1e-5, rtol=1e-5)
+            slot += 1
+        start += n
+
+
 def test_selective_scan_captures_intermediate_states() -> None:
     g = torch.Generator().manual_seed(1)
     r, n, d, ns = 1, 10, 3, 4

@@ -18,18 +18,34 @@ class SegmentPlan(NamedTuple):
 
     Cuts fall at absolute positions that are multiples of `chunk_size` (so a resumed prefill
     reproduces the one-pass segmentation) and at every capture position, so the state at a
-    capture is the exact state at a segment end: no second pass.
+    capture is the exact state at a segment end: no second pass. Only real segments are laid
+    out (Q of them, request-major): a short request next to a long one is not padded to the
+    long one's segment count.
     """
 
-    #: [B, S, Lc] packed token index, pad = T (a zero row); Lc = the longest segment
+    #: [Q, Lc] packed token index of every segment, pad = T (a zero row); Lc = the longest one
     index: torch.Tensor
-    capture_at: dict[int, tuple[torch.Tensor, torch.Tensor]]  # segment -> (req idx, slot)
+    #: recurrence step k: (the requests that have a k-th segment, the rows of `index` holding
+    #: those segments); slices when that is every request (always for one request)
+    steps: tuple[tuple[slice | torch.Tensor, slice | torch.Tensor], ...]
+    capture_at: dict[int, tuple[torch.Tensor, torch.Tensor]]  # step -> (req idx, slot)
     initial_captures: tuple[torch.Tensor, torch.Tensor] | None  # captures at offset 0
-    #: [T] flat position of each packed token inside the padded [B * S * Lc] layout
+    #: [T] flat position of each packed token inside the padded [Q * Lc] layout
     inverse: torch.Tensor
     #: the padded layout is the packed tokens in order plus zero rows at the end (one request,
     #: full segments except the last): segments are then a view, no gather
     dense: bool
+
+
+class ConvRows(NamedTuple):
+    """Where each request's rows sit in the packed conv input of a prefill (`causal_conv1d` over
+    one sequence): request r's K-1 state rows, then its new tokens, then request r + 1's block.
+    Every output row of a new token sees only its own request's rows."""
+
+    head: torch.Tensor  # [B * (K-1)] rows of the incoming conv states
+    tokens: torch.Tensor  # [T] rows of the packed new tokens
+    ends: torch.Tensor  # [B, K-1] rows of each request's conv state after its new tokens
+    captures: torch.Tensor  # [C, K-1] rows of each capture's conv state
 
 
 class BatchPart(NamedTuple):
@@ -70,6 +86,7 @@ class BatchMeta:
     #: chunks: the mixers run each part on its own path, so a decode is not padded to a chunk
     split: tuple[BatchPart, BatchPart] | None = None
     _plans: dict[int, SegmentPlan] = field(default_factory=dict, repr=False, compare=False)
+    _conv_rows: dict[int, ConvRows] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def parts(self) -> tuple[BatchPart, ...]:
@@ -144,6 +161,27 @@ class BatchMeta:
             self._plans[chunk_size] = plan
         return plan
 
+    def conv_rows(self, km1: int) -> ConvRows:
+        """The (cached) packed conv layout for a conv of K - 1 = `km1` state rows."""
+        rows = self._conv_rows.get(km1)
+        if rows is None:
+            rows = _build_conv_rows(self, km1)
+            self._conv_rows[km1] = rows
+        return rows
+
+
+def _build_conv_rows(meta: BatchMeta, km1: int) -> ConvRows:
+    dev = meta.tokens.device
+    lens = torch.tensor(meta.new_lens, device=dev)
+    block = lens.cumsum(0) - lens + km1 * torch.arange(meta.num_reqs, device=dev)  # block starts
+    win = torch.arange(km1, device=dev)
+    return ConvRows(
+        head=(block.unsqueeze(1) + win).reshape(-1),
+        tokens=torch.arange(meta.num_tokens, device=dev) + km1 * (meta.tok_req + 1),
+        ends=(block + lens).unsqueeze(1) + win,
+        captures=(block[meta.cap_req] + meta.cap_off).unsqueeze(1) + win,
+    )
+
 
 def _build_plan(meta: BatchMeta, chunk: int) -> SegmentPlan:
     captures = zip(
@@ -184,15 +222,29 @@ def build_segment_plan(
                 init_caps.append((r, slot))
             else:
                 cap_seg.setdefault(end_to_seg[off], []).append((r, slot))
-    b, s_max, t = len(new_lens), max(len(s) for s in segs), sum(new_lens)
+    b, t = len(new_lens), sum(new_lens)
     dev = device
+    first = [0, *torch.tensor([len(r) for r in segs]).cumsum(0).tolist()]  # segment rows
     lc = max(ln for rsegs in segs for _, ln in rsegs)  # pad to the longest segment only
-    index = torch.full((b, s_max, lc), t, dtype=torch.long)
+    index = torch.full((first[-1], lc), t, dtype=torch.long)
     starts_tok = [0, *torch.tensor(new_lens).cumsum(0).tolist()]
     ar = torch.arange(lc)
     for r, rsegs in enumerate(segs):
         for k, (off, ln) in enumerate(rsegs):
-            index[r, k, :ln] = ar[:ln] + starts_tok[r] + off
+            index[first[r] + k, :ln] = ar[:ln] + starts_tok[r] + off
+    steps: list[tuple[slice | torch.Tensor, slice | torch.Tensor]] = []
+    for k in range(max(len(r) for r in segs)):
+        reqs = [r for r in range(b) if len(segs[r]) > k]
+        rows = [first[r] + k for r in reqs]
+        if b == 1:
+            steps.append((slice(None), slice(k, k + 1)))
+        else:
+            steps.append(
+                (
+                    slice(None) if len(reqs) == b else torch.tensor(reqs, device=dev),
+                    torch.tensor(rows, device=dev),
+                )
+            )
 
     def pair(items: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         req, slot = zip(*items, strict=True)
@@ -203,6 +255,7 @@ def build_segment_plan(
     dense = b == 1 and all(ln == lc for _, ln in segs[0][:-1])
     return SegmentPlan(
         index=index.to(dev),
+        steps=tuple(steps),
         capture_at={k: pair(v) for k, v in sorted(cap_seg.items())},
         initial_captures=pair(init_caps) if init_caps else None,
         inverse=inverse.to(dev),

@@ -6,7 +6,12 @@ prepended to the next tokens' inputs. Weight layout: [C, K] (HF `conv1d.weight[:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from marconi.layers.batch_meta import BatchMeta
 
 
 def causal_conv1d(
@@ -26,6 +31,40 @@ def causal_conv1d(
     if bias is not None:
         out += bias.to(xp.dtype)
     return out
+
+
+def prefill_conv(
+    x: torch.Tensor,
+    meta: BatchMeta,
+    conv_cache: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """Conv outputs (no activation) [T, C] of a packed prefill's inputs x [T, C].
+
+    Every request's resume state (zeros when it starts fresh) and new rows are laid out as one
+    sequence (``BatchMeta.conv_rows``) and convolved once, with no padding to the longest
+    request. Writes each request's conv state after its new tokens to its working slot and each
+    capture's state to its capture slot.
+    """
+    km1 = weight.shape[1] - 1
+    slots, lay = meta.state_slots, meta.conv_rows(km1)
+    head = x.new_zeros(meta.num_reqs, km1, x.shape[1])
+    if not meta.fresh_all:
+        head.copy_(conv_cache[slots])
+        if meta.any_fresh:
+            head[meta.fresh] = 0.0
+    if meta.num_reqs == 1:  # the layout is the state followed by the new rows
+        xp = torch.cat([head[0], x])
+    else:
+        xp = x.new_empty(x.shape[0] + meta.num_reqs * km1, x.shape[1])
+        xp[lay.head] = head.view(-1, x.shape[1])
+        xp[lay.tokens] = x
+    out = causal_conv1d(xp.unsqueeze(0), weight, bias)[0]
+    conv_cache.index_copy_(0, slots, xp[lay.ends].to(conv_cache.dtype))
+    if meta.cap_req.numel():
+        conv_cache.index_copy_(0, meta.cap_slot, xp[lay.captures].to(conv_cache.dtype))
+    return out if meta.num_reqs == 1 else out[lay.tokens - km1]
 
 
 def causal_conv1d_step(

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from marconi.layers.batch_meta import BatchMeta
-from marconi.layers.conv import causal_conv1d, causal_conv1d_step
+from marconi.layers.conv import causal_conv1d_step, prefill_conv
 from marconi.layers.linear import Linear
 from marconi.layers.mlp import activation
 from marconi.layers.norm import RMSNorm
@@ -147,7 +147,7 @@ class Mamba1Mixer(nn.Module):
     ) -> torch.Tensor:
         """Conv + selective scan of one part: in_proj's x half [T, D] -> fp32 y [T, D] with the
         D skip, before the gate."""
-        slots, km1, r = meta.state_slots, self.d_conv - 1, meta.num_reqs
+        slots = meta.state_slots
         a = -torch.exp(self.A_log.float())
         if meta.is_decode:
             out, new_conv = causal_conv1d_step(
@@ -159,34 +159,23 @@ class Mamba1Mixer(nn.Module):
             state, y = selective_step(ssm_cache[slots].float(), xs.float(), dt, a, b, c)
             ssm_cache.index_copy_(0, slots, state.to(ssm_cache.dtype))
         else:
-            init_conv = conv_cache[slots].to(xs.dtype)
             init_ssm = ssm_cache[slots].float()
-            if bool(meta.fresh.any()):
-                keep = (~meta.fresh).to(xs.dtype)
-                init_conv = init_conv * keep.view(r, 1, 1)
-                init_ssm = init_ssm * keep.float().view(r, 1, 1)
-            xp = xs.new_zeros(r, km1 + meta.max_new, self.d_inner)
-            xp[:, :km1] = init_conv
-            xp[meta.tok_req, km1 + meta.tok_off] = xs
-            conv = self.act(causal_conv1d(xp, self.conv1d.weight[:, 0], self.conv1d.bias))
-            win = torch.arange(km1, device=xs.device)
-            lens = torch.tensor(meta.new_lens, device=xs.device)
-            rows = torch.arange(r, device=xs.device).unsqueeze(1)
-            conv_cache.index_copy_(0, slots, xp[rows, lens.unsqueeze(1) + win].to(conv_cache.dtype))
+            if meta.any_fresh:
+                init_ssm[meta.fresh] = 0.0
+            conv = prefill_conv(xs, meta, conv_cache, self.conv1d.weight[:, 0], self.conv1d.bias)
+            xs = self.act(conv)
             has_caps = meta.cap_req.numel() > 0
-            if has_caps:
-                cap = xp[meta.cap_req.unsqueeze(1), meta.cap_off.unsqueeze(1) + win]
-                conv_cache.index_copy_(0, meta.cap_slot, cap.to(conv_cache.dtype))
-            xs = conv[meta.tok_req, meta.tok_off]
             dt, b, c = self._params(xs)
             lmax = meta.max_new
-            dtp = dt.new_zeros(r, lmax, self.d_inner)  # padding: dt = 0 keeps the state
-            dtp[meta.tok_req, meta.tok_off] = dt
             cap_idx = None
             if has_caps:
                 cap_idx = (meta.cap_req, (meta.cap_off - 1).clamp(min=0))
             y, final, caps = selective_scan(
-                conv, dtp, a, _pad(b, meta, lmax), _pad(c, meta, lmax), init_ssm, cap_idx
+                *(_pad(v, meta, lmax) for v in (xs, dt)),  # padding: dt = 0 keeps the state
+                a,
+                *(_pad(v, meta, lmax) for v in (b, c)),
+                init_ssm,
+                cap_idx,
             )
             ssm_cache.index_copy_(0, slots, final.to(ssm_cache.dtype))
             if caps is not None:

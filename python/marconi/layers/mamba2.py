@@ -13,30 +13,37 @@ from torch import nn
 
 from marconi.layers import ssm_step
 from marconi.layers.batch_meta import BatchMeta, SegmentPlan
-from marconi.layers.conv import causal_conv1d
+from marconi.layers.conv import prefill_conv
 from marconi.layers.linear import Linear
 from marconi.layers.mlp import activation
 from marconi.layers.norm import gated_rms_norm
 
 
 def _segments(x: torch.Tensor, plan: SegmentPlan) -> torch.Tensor:
-    """Packed rows x [T, ...] -> padded segments [B * S, Lc, ...] (padding rows are zeros).
+    """Packed rows x [T, ...] -> padded segments [Q, Lc, ...] (padding rows are zeros).
 
     Dense plans (one request) are a view when no padding is needed and one tail pad otherwise;
     other plans gather through `plan.index` (index value T selects an appended zero row).
     """
-    r, s, lc = plan.index.shape
+    q, lc = plan.index.shape
     if plan.dense:
-        pad = r * s * lc - x.shape[0]
+        pad = q * lc - x.shape[0]
         if pad:
             x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
-        return (
-            x.view(r * s, lc, *x.shape[1:])
-            if x.is_contiguous()
-            else x.reshape(r * s, lc, *x.shape[1:])
-        )
+        return x.view(q, lc, *x.shape[1:]) if x.is_contiguous() else x.reshape(q, lc, *x.shape[1:])
     padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
-    return padded[plan.index.reshape(r * s, lc)]
+    return padded[plan.index]
+
+
+#: exp() of arguments below this is taken as exp(EXP_FLOOR) ~ 1.8e-35 (a coefficient that small
+#: changes no fp32 sum): torch's vectorised exp is 10-25x slower on arguments below about -87
+#: (results in the denormal range or -inf), which long decays and masked entries produce.
+EXP_FLOOR = -80.0
+
+
+def _exp_nonpos_(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) in place for x <= 0 (clamped to [EXP_FLOOR, 0] first, see EXP_FLOOR)."""
+    return x.clamp_(min=EXP_FLOOR, max=0.0).exp_()
 
 
 def ssd_scan(
@@ -54,15 +61,14 @@ def ssd_scan(
     Returns (y [T, H, P], final state [R, H, P, N], [(slots, states [k, H, P, N]) per capture
     segment]). Padding positions carry dt = 0, so they neither decay nor feed the state.
 
-    Layout: segments of all requests form one batch dim `q = R * S`; the intra-segment part is
+    Layout: the segments of all requests form one batch dim `q`; the intra-segment part is
     one batched matmul per step (grouped B/C are never expanded to heads), and the decay matrix
     is `exp(cumsum_i - cumsum_j)` (the form mamba_ssm's kernels use) built in place.
     """
     t, h, p = x.shape
     g, n = b.shape[1], b.shape[2]
     hpg = h // g
-    r, s, lc = plan.index.shape
-    q = r * s
+    q, lc = plan.index.shape
     f32 = torch.float32
     xs = _segments(x.to(f32), plan)  # [q, Lc, H, P]
     dts = _segments(dt.to(f32), plan)  # [q, Lc, H]
@@ -74,26 +80,31 @@ def ssd_scan(
     torch.mul(xs.permute(0, 2, 1, 3), dts.transpose(1, 2).unsqueeze(-1), out=xdt)
     # 1. intra-segment outputs: (C B^T * decay) @ (x dt), per head, B/C shared per group
     cb = torch.matmul(cs.permute(0, 2, 1, 3), bs.permute(0, 2, 3, 1))  # [q, G, Lc, Lc]
-    decay = acs.unsqueeze(-1) - acs.unsqueeze(-2)  # [q, H, Lc(i), Lc(j)]
     upper = torch.ones(lc, lc, dtype=torch.bool, device=x.device).triu_(1)
-    decay.masked_fill_(upper, float("-inf")).exp_()
+    cb.masked_fill_(upper, 0.0)  # causal: j > i contributes nothing
+    decay = acs.unsqueeze(-1) - acs.unsqueeze(-2)  # [q, H, Lc(i), Lc(j)], <= 0 where j <= i
+    _exp_nonpos_(decay)
     decay.view(q, g, hpg, lc, lc).mul_(cb.unsqueeze(2))
     y = torch.matmul(decay, xdt)  # [q, H, Lc, P]
     # 2. each segment's own contribution to the state at its end: (x dt w)^T B per group
-    w = torch.exp(acs[..., -1:] - acs)  # [q, H, Lc]
+    w = _exp_nonpos_(acs[..., -1:] - acs)  # [q, H, Lc]
     xdt.mul_(w.unsqueeze(-1))
     seg_states = torch.matmul(
         xdt.view(q, g, hpg, lc, p).transpose(-1, -2).reshape(q, g, hpg * p, lc),
         bs.transpose(1, 2),  # [q, G, Lc, N]
-    ).view(r, s, h, p, n)
+    ).view(q, h, p, n)
     # 3. inter-segment recurrence: exact states at every segment end (captures come from here)
-    seg_decay = torch.exp(acs[..., -1]).view(r, s, h, 1, 1)
+    seg_decay = _exp_nonpos_(acs[..., -1].clone()).view(q, h, 1, 1)
     state = init.to(f32)
-    starts = torch.empty(r, s, h, p, n, dtype=f32, device=x.device)
+    starts = torch.empty(q, h, p, n, dtype=f32, device=x.device)
     captured: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for k in range(s):
-        starts[:, k] = state
-        state = torch.addcmul(seg_states[:, k], state, seg_decay[:, k])
+    for k, (reqs, rows) in enumerate(plan.steps):
+        if isinstance(reqs, slice):  # every request has a k-th segment (always so for k = 0)
+            starts[rows] = state
+            state = torch.addcmul(seg_states[rows], state, seg_decay[rows])
+        else:  # in place: `state` is this function's own tensor since step 0
+            starts[rows] = state[reqs]
+            state[reqs] = torch.addcmul(seg_states[rows], state[reqs], seg_decay[rows])
         cap = plan.capture_at.get(k)
         if cap is not None:
             captured.append((cap[1], state[cap[0]]))
@@ -103,7 +114,7 @@ def ssd_scan(
         starts.view(q, g, hpg * p, n).transpose(-1, -2),  # [q, G, N, hpg * P]
     )  # [q, G, Lc, hpg * P]
     y_off = y_off.view(q, g, lc, hpg, p).transpose(2, 3).reshape(q, h, lc, p)
-    y.addcmul_(y_off, torch.exp(acs).unsqueeze(-1))
+    y.addcmul_(y_off, _exp_nonpos_(acs.clone()).unsqueeze(-1))
     y = y.transpose(1, 2).reshape(q * lc, h, p)  # token-major
     return (y[:t] if plan.dense else y[plan.inverse]), state, captured
 
@@ -208,34 +219,10 @@ class Mamba2Mixer(nn.Module):
     ) -> torch.Tensor:
         """The chunked-scan path: in_proj rows [T, ...] -> y [T, inner] (before the norm)."""
         _, xbc, dt = proj.split([self.inner, self.conv_dim, self.num_heads], dim=-1)
-        slots, km1 = meta.state_slots, self.d_conv - 1
-        r = meta.num_reqs
+        slots = meta.state_slots
         init_ssm = self._initial_ssm(meta, ssm_cache)
-        if r == 1:  # one request: the conv input is the state followed by the packed rows
-            head = xbc.new_zeros(1, km1, self.conv_dim)
-            if not meta.fresh_all:
-                head.copy_(conv_cache[slots])
-            xp = torch.cat([head, xbc.unsqueeze(0)], dim=1)
-        else:
-            xp = proj.new_zeros(r, km1 + meta.max_new, self.conv_dim)
-            xp[:, :km1] = conv_cache[slots].to(proj.dtype)
-            if meta.any_fresh:
-                xp[meta.fresh, :km1] = 0.0
-            xp[meta.tok_req, km1 + meta.tok_off] = xbc
-        conv = self.act(causal_conv1d(xp, self.conv1d.weight[:, 0], self.conv1d.bias))
-        xbc = conv[0] if r == 1 else conv[meta.tok_req, meta.tok_off]
-        win = torch.arange(km1, device=proj.device)
-        if r == 1:
-            n0 = meta.new_lens[0]
-            conv_cache.index_copy_(0, slots, xp[:, n0 : n0 + km1].to(conv_cache.dtype))
-        else:
-            lens = torch.tensor(meta.new_lens, device=proj.device)
-            rows = torch.arange(r, device=proj.device).unsqueeze(1)
-            ends = xp[rows, lens.unsqueeze(1) + win]
-            conv_cache.index_copy_(0, slots, ends.to(conv_cache.dtype))
-        if meta.cap_req.numel():
-            cap = xp[meta.cap_req.unsqueeze(1), meta.cap_off.unsqueeze(1) + win]
-            conv_cache.index_copy_(0, meta.cap_slot, cap.to(conv_cache.dtype))
+        conv = prefill_conv(xbc, meta, conv_cache, self.conv1d.weight[:, 0], self.conv1d.bias)
+        xbc = self.act(conv)
         gn = self.n_groups * self.d_state
         xs, b, c = xbc.split([self.inner, gn, gn], dim=-1)
         t = xs.shape[0]
