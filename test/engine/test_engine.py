@@ -280,20 +280,26 @@ def test_unknown_schedule_policy_is_a_clear_error() -> None:
         LLM("tiny", "marconi", schedule_policy="random")
 
 
-@pytest.mark.parametrize(("preset", "want"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_threads_sleep_at_barriers_unless_the_user_chose(preset, want) -> None:
-    """``import marconi.engine`` (the server's first import) sets OMP_WAIT_POLICY before torch
-    loads libgomp, and leaves a user's own setting alone (``docs/performance.md``)."""
+@pytest.mark.parametrize(
+    ("preset", "want"),
+    [
+        ({}, "ACTIVE 300000"),
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, "PASSIVE -"),
+        ({"GOMP_SPINCOUNT": "1000"}, "- 1000"),
+    ],
+)
+def test_openmp_threads_spin_briefly_unless_the_user_chose(preset, want) -> None:
+    """``import marconi.engine`` (the server's first import) sets a bounded OpenMP spin before
+    torch loads libgomp, and leaves a user's own setting alone (``docs/performance.md``)."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if preset:
-        env["OMP_WAIT_POLICY"] = preset
+    names = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    env = {k: v for k, v in os.environ.items() if k not in names} | preset
     code = (
         "import marconi.engine, os, sys; "
-        "print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+        f"print(*(os.environ.get(k, '-') for k in {names!r}), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == [want, "True"], out.stderr
+    assert out.stdout.split() == [*want.split(), "True"], out.stderr

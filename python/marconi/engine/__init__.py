@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 
-#: OpenMP threads sleep at barriers instead of spinning, unless the user chose otherwise. Set
-#: before torch loads libgomp (which reads it once, at load). With GNU OpenMP's default spin, a
-#: two-thread 512-token prefill on 2 cores took 14x longer (7.0 s vs 0.5 s) while another job's
-#: process ran, and 1.4x against a two-thread torch process; sleeping costs ~10% on a quiet
-#: machine and loses to spinning against plain busy loops (``docs/performance.md``).
-#: ``OMP_WAIT_POLICY=ACTIVE`` restores spinning on a dedicated machine.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+#: OpenMP threads spin ~3 ms at a barrier (300,000 spins, GNU OpenMP's own figure for its
+#: default), then sleep, unless the user set either variable. Set before torch loads libgomp
+#: (which reads them once, at load). Measured on a quiet 2-core machine (docs/performance.md):
+#: sleeping at every barrier (``OMP_WAIT_POLICY=PASSIVE``) made a 256-token prefill step up to
+#: 1.75x slower and the 16-session TTFT P95 2,435 vs 1,690 ms; spinning costs nothing once the
+#: server is idle (the threads sleep after 3 ms). On a machine shared with other CPU-heavy jobs
+#: spinning threads can stall each other (14x measured), so set ``OMP_WAIT_POLICY=PASSIVE`` there.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+    os.environ["GOMP_SPINCOUNT"] = "300000"
 
 from marconi.engine.config import EngineConfig
 from marconi.engine.engine import Engine, EngineStats, RequestError
