@@ -303,3 +303,25 @@ def test_openmp_threads_spin_briefly_unless_the_user_chose(preset, want) -> None
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == [*want.split(), "True"], out.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}, False),  # the default
+        ({"OMP_WAIT_POLICY": "PASSIVE"}, True),
+        ({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "3000"}, False),
+        ({"OMP_WAIT_POLICY": "PASSIVE", "MARCONI_SMALL_M_KERNEL": "0"}, False),
+        ({"OMP_WAIT_POLICY": "ACTIVE", "MARCONI_SMALL_M_KERNEL": "1"}, True),
+    ],
+)
+def test_decode_rows_take_the_c_kernel_only_where_openmp_threads_sleep(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], want: bool
+) -> None:
+    from marconi.engine.runner import decode_kernel_wanted
+
+    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MARCONI_SMALL_M_KERNEL"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert decode_kernel_wanted() is want

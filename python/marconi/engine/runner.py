@@ -22,6 +22,20 @@ if TYPE_CHECKING:
     from marconi.models.memory import HybridMemory
 
 
+def decode_kernel_wanted() -> bool:
+    """Whether decode rows should take the C linear kernel: where OpenMP threads sleep at
+    barriers (``OMP_WAIT_POLICY=PASSIVE`` without ``GOMP_SPINCOUNT``), each sgemm call pays
+    their wake-ups and the kernel streams the weights faster; where they spin (the engine's
+    default, ``marconi.engine``) two-thread sgemm is faster at 1-4 rows (measured, small model:
+    35 / 32 / 50 ms decode steps at 1 / 2 / 4 rows vs 37 / 65 / 81 through the kernel;
+    ``docs/performance.md``). ``MARCONI_SMALL_M_KERNEL=1`` forces the kernel, ``=0`` never."""
+    forced = os.environ.get("MARCONI_SMALL_M_KERNEL")
+    if forced in ("0", "1"):
+        return forced == "1"
+    sleeps = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+    return sleeps and not os.environ.get("GOMP_SPINCOUNT")
+
+
 class ModelRunner:
     """Owns the model and its ``HybridMemory`` (the tensors behind the cache's slot ids)."""
 
@@ -34,9 +48,12 @@ class ModelRunner:
         #: torch's intra-op threads for steps with many rows (prefill, large decode batches)
         self.max_threads = torch.get_num_threads()
         self._threads = self.max_threads
+        #: decode rows (<= small_m.MAX_ROWS) through the C linear kernel on one OpenMP thread
+        self.decode_kernel = self.cpu and decode_kernel_wanted()
+        small_m.set_enabled(self.decode_kernel)
         if self.cpu:
-            small_m.available()  # build the decode kernels now, not inside the first request
-            ssm_step.available()
+            ssm_step.available()  # build the decode kernels now, not inside the first request
+        if self.decode_kernel and small_m.available():
             # threads of the decode linear kernel (its own helper thread, not OpenMP's)
             small_m.set_threads(int(os.environ.get("MARCONI_SMALL_M_THREADS", self.max_threads)))
 
@@ -47,12 +64,10 @@ class ModelRunner:
         return self.model(ForwardBatch(tuple(inputs)), self.memory).logits
 
     def _set_threads(self, rows: int) -> None:
-        """One intra-op thread for a small decode step, ``max_threads`` otherwise. A decode of
-        <= ``small_m.MAX_ROWS`` rows streams the weights through the C kernel, which brings its
-        own helper thread (``small_m.set_threads``), so OpenMP threads would only add barriers
-        to its small ops (measured: no gain on a quiet machine, 3x slower when another process
-        holds a core; ``docs/performance.md``)."""
-        want = 1 if rows <= small_m.MAX_ROWS else self.max_threads
+        """One intra-op thread for a decode step the C kernel takes (``decode_kernel``, <=
+        ``small_m.MAX_ROWS`` rows: the kernel brings its own helper thread, so OpenMP threads
+        would only add barriers to its small ops), ``max_threads`` otherwise."""
+        want = 1 if self.decode_kernel and rows <= small_m.MAX_ROWS else self.max_threads
         if want != self._threads:
             torch.set_num_threads(want)
             self._threads = want

@@ -3,8 +3,10 @@
 - Prefill (M >= ``PACKED_MIN_ROWS`` rows): oneDNN with a weight reordered once into its blocked
   layout, ~20-25% faster on this project's CPU (AMD EPYC, one thread) than the default MKL sgemm
   of `F.linear`.
-- Decode (1 <= M <= ``small_m.MAX_ROWS`` rows): the C kernel of ``marconi.layers.small_m``,
-  which streams the weight ~2x faster than sgemm (``MARCONI_SMALL_M_KERNEL=0`` turns it off).
+- Decode (1 <= M <= ``small_m.MAX_ROWS`` rows): the C kernel of ``marconi.layers.small_m``
+  when it is enabled (``small_m.set_enabled``; the engine's runner enables it only where
+  OpenMP threads sleep at barriers, ``marconi.engine.runner``), which then streams the weight
+  faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0`` turns it off).
 
 Everything else (and any case either path does not cover) is `F.linear`.
 
@@ -77,7 +79,7 @@ class Linear(nn.Linear):
                 1 <= rows <= small_m.MAX_ROWS
                 and w.is_contiguous()
                 and (b is None or (b.dtype == torch.float32 and b.is_contiguous()))
-                and small_m.available()
+                and small_m.enabled()
             ):
                 return small_m.small_m_linear(x.contiguous(), w, b)
         return F.linear(x, w, self.bias)

@@ -59,6 +59,21 @@ def available() -> bool:
     return KERNEL.get() is not None
 
 
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    """Whether ``Linear`` sends decode rows to the kernel (process-wide; the model runner
+    decides, ``marconi.engine.runner``). ``small_m_linear`` itself always works."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    """``Linear``'s test: the kernel is wanted (``set_enabled``) and built (``available``)."""
+    return _enabled and available()
+
+
 def small_m_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
