@@ -1,9 +1,10 @@
 """`Linear`: `nn.Linear` with two CPU fast paths for fp32 inference.
 
-- Prefill (M >= ``PACKED_MIN_ROWS`` rows): oneDNN with a weight reordered once into its blocked
-  layout, ~20-25% faster on this project's CPU (AMD EPYC, one thread) than the default MKL sgemm
-  of `F.linear`.
-- Decode (1 <= M <= ``small_m.MAX_ROWS`` rows): the C kernel of ``marconi.layers.small_m``
+- M >= ``PACKED_MIN_ROWS`` rows (prefill, and decode batches of 4 rows on): oneDNN with a
+  weight reordered once into its blocked layout, faster than the default MKL sgemm of
+  `F.linear` (~20-25% for prefill on an AMD EPYC, one thread; ~1.8x at 4-8 rows on the Intel
+  Xeon of ``docs/performance.md``, two threads), which is kept for 1-3 rows.
+- Decode (1 <= M <= ``small_m.MAX_ROWS`` rows, checked first): the C kernel of ``marconi.layers.small_m``
   when it is enabled (``small_m.set_enabled``; the engine's runner enables it only where
   OpenMP threads sleep at barriers, ``marconi.engine.runner``), which then streams the weight
   faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0`` turns it off).
@@ -26,8 +27,10 @@ from torch import nn
 
 from marconi.layers import small_m
 
-#: smallest number of rows (tokens) routed to the packed oneDNN kernel
-PACKED_MIN_ROWS = 128
+#: smallest number of rows (tokens) routed to the packed oneDNN kernel (from 4 rows on it beats
+#: sgemm on this project's CPU, weights streamed from memory: 465 vs 823 us at 4 rows, 593 vs
+#: 1,194 at 8, 5.1 vs 5.5 ms at 256, for a 3072x768 fp32 weight on 2 threads; 1-3 rows: sgemm)
+PACKED_MIN_ROWS = int(os.environ.get("MARCONI_PACKED_MIN_ROWS", "4"))
 
 _enabled = os.environ.get("MARCONI_PACKED_LINEAR", "1") != "0"
 
@@ -70,10 +73,6 @@ class Linear(nn.Linear):
             and not torch.is_grad_enabled()
         ):
             rows = x.shape[0]
-            if rows >= PACKED_MIN_ROWS and packed_linear_enabled():
-                return torch.ops.mkldnn._linear_pointwise(
-                    x.contiguous(), self._packed_weight(), self.bias, "none", [], ""
-                )
             b = self.bias
             if (
                 1 <= rows <= small_m.MAX_ROWS
@@ -82,6 +81,10 @@ class Linear(nn.Linear):
                 and small_m.enabled()
             ):
                 return small_m.small_m_linear(x.contiguous(), w, b)
+            if rows >= PACKED_MIN_ROWS and packed_linear_enabled():
+                return torch.ops.mkldnn._linear_pointwise(
+                    x.contiguous(), self._packed_weight(), self.bias, "none", [], ""
+                )
         return F.linear(x, w, self.bias)
 
     def _packed_weight(self) -> torch.Tensor:
