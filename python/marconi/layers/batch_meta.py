@@ -155,19 +155,15 @@ class BatchMeta:
 
     def segment_plan(self, chunk_size: int) -> SegmentPlan:
         """The (cached) scan segmentation for `chunk_size`; see SegmentPlan."""
-        plan = self._plans.get(chunk_size)
-        if plan is None:
-            plan = _build_plan(self, chunk_size)
-            self._plans[chunk_size] = plan
-        return plan
+        if chunk_size not in self._plans:
+            self._plans[chunk_size] = _build_plan(self, chunk_size)
+        return self._plans[chunk_size]
 
     def conv_rows(self, km1: int) -> ConvRows:
         """The (cached) packed conv layout for a conv of K - 1 = `km1` state rows."""
-        rows = self._conv_rows.get(km1)
-        if rows is None:
-            rows = _build_conv_rows(self, km1)
-            self._conv_rows[km1] = rows
-        return rows
+        if km1 not in self._conv_rows:
+            self._conv_rows[km1] = _build_conv_rows(self, km1)
+        return self._conv_rows[km1]
 
 
 def _build_conv_rows(meta: BatchMeta, km1: int) -> ConvRows:

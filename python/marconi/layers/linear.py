@@ -4,10 +4,10 @@
   weight reordered once into its blocked layout, faster than the default MKL sgemm of
   `F.linear` (~20-25% for prefill on an AMD EPYC, one thread; ~1.8x at 4-8 rows on the Intel
   Xeon of ``docs/performance.md``, two threads), which is kept for 1-3 rows.
-- Decode (1 <= M <= ``small_m.MAX_ROWS`` rows, checked first): the C kernel of ``marconi.layers.small_m``
-  when it is enabled (``small_m.set_enabled``; the engine's runner enables it only where
-  OpenMP threads sleep at barriers, ``marconi.engine.runner``), which then streams the weight
-  faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0`` turns it off).
+- Decode (1 <= M <= ``small_m.MAX_ROWS`` rows, checked first): the C kernel of
+  ``marconi.layers.small_m`` when it is enabled (``small_m.set_enabled``; the engine's runner
+  enables it only where OpenMP threads sleep at barriers, ``marconi.engine.runner``), which
+  then streams the weight faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0``: never).
 
 Everything else (and any case either path does not cover) is `F.linear`.
 
