@@ -44,6 +44,7 @@ class ConvRows(NamedTuple):
 
     head: torch.Tensor  # [B * (K-1)] rows of the incoming conv states
     tokens: torch.Tensor  # [T] rows of the packed new tokens
+    outputs: torch.Tensor  # [T] rows of their conv outputs (``tokens`` - (K-1))
     ends: torch.Tensor  # [B, K-1] rows of each request's conv state after its new tokens
     captures: torch.Tensor  # [C, K-1] rows of each capture's conv state
 
@@ -153,6 +154,16 @@ class BatchMeta:
         mask = mask | ((i >= new) & (j == 0))  # padded query rows: any finite row avoids NaN
         return mask.unsqueeze(1)
 
+    def resume_states(self, pool: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Each request's resume state [B, ...] in `dtype`, read from its working slot of
+        `pool` (a new tensor); zeros for requests with no cached prefix (their slot is stale)."""
+        if self.fresh_all:
+            return pool.new_zeros(self.num_reqs, *pool.shape[1:], dtype=dtype)
+        out = pool[self.state_slots].to(dtype)
+        if self.any_fresh:
+            out[self.fresh] = 0.0
+        return out
+
     def segment_plan(self, chunk_size: int) -> SegmentPlan:
         """The (cached) scan segmentation for `chunk_size`; see SegmentPlan."""
         if chunk_size not in self._plans:
@@ -171,9 +182,11 @@ def _build_conv_rows(meta: BatchMeta, km1: int) -> ConvRows:
     lens = torch.tensor(meta.new_lens, device=dev)
     block = lens.cumsum(0) - lens + km1 * torch.arange(meta.num_reqs, device=dev)  # block starts
     win = torch.arange(km1, device=dev)
+    tokens = torch.arange(meta.num_tokens, device=dev) + km1 * (meta.tok_req + 1)
     return ConvRows(
         head=(block.unsqueeze(1) + win).reshape(-1),
-        tokens=torch.arange(meta.num_tokens, device=dev) + km1 * (meta.tok_req + 1),
+        tokens=tokens,
+        outputs=tokens - km1,
         ends=(block + lens).unsqueeze(1) + win,
         captures=(block[meta.cap_req] + meta.cap_off).unsqueeze(1) + win,
     )

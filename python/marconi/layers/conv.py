@@ -49,11 +49,7 @@ def prefill_conv(
     """
     km1 = weight.shape[1] - 1
     slots, lay = meta.state_slots, meta.conv_rows(km1)
-    head = x.new_zeros(meta.num_reqs, km1, x.shape[1])
-    if not meta.fresh_all:
-        head.copy_(conv_cache[slots])
-        if meta.any_fresh:
-            head[meta.fresh] = 0.0
+    head = meta.resume_states(conv_cache, x.dtype)  # [B, K-1, C]
     if meta.num_reqs == 1:  # the layout is the state followed by the new rows
         xp = torch.cat([head[0], x])
     else:
@@ -64,7 +60,7 @@ def prefill_conv(
     conv_cache.index_copy_(0, slots, xp[lay.ends].to(conv_cache.dtype))
     if meta.cap_req.numel():
         conv_cache.index_copy_(0, meta.cap_slot, xp[lay.captures].to(conv_cache.dtype))
-    return out if meta.num_reqs == 1 else out[lay.tokens - km1]
+    return out if meta.num_reqs == 1 else out[lay.outputs]
 
 
 def causal_conv1d_step(

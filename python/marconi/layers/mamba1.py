@@ -159,9 +159,7 @@ class Mamba1Mixer(nn.Module):
             state, y = selective_step(ssm_cache[slots].float(), xs.float(), dt, a, b, c)
             ssm_cache.index_copy_(0, slots, state.to(ssm_cache.dtype))
         else:
-            init_ssm = ssm_cache[slots].float()
-            if meta.any_fresh:
-                init_ssm[meta.fresh] = 0.0
+            init_ssm = meta.resume_states(ssm_cache, torch.float32)
             conv = prefill_conv(xs, meta, conv_cache, self.conv1d.weight[:, 0], self.conv1d.bias)
             xs = self.act(conv)
             has_caps = meta.cap_req.numel() > 0

@@ -220,7 +220,7 @@ class Mamba2Mixer(nn.Module):
         """The chunked-scan path: in_proj rows [T, ...] -> y [T, inner] (before the norm)."""
         _, xbc, dt = proj.split([self.inner, self.conv_dim, self.num_heads], dim=-1)
         slots = meta.state_slots
-        init_ssm = self._initial_ssm(meta, ssm_cache)
+        init_ssm = meta.resume_states(ssm_cache, torch.float32)
         conv = prefill_conv(xbc, meta, conv_cache, self.conv1d.weight[:, 0], self.conv1d.bias)
         xbc = self.act(conv)
         gn = self.n_groups * self.d_state
@@ -249,16 +249,6 @@ class Mamba2Mixer(nn.Module):
             else (y + xs.float() * self.D.float().view(1, -1, 1))
         )
         return y.reshape(t, self.inner).to(proj.dtype)
-
-    def _initial_ssm(self, meta: BatchMeta, ssm_cache: torch.Tensor) -> torch.Tensor:
-        """Each request's resume SSM state in fp32 [R, H, P, N] (zeros for fresh requests)."""
-        r = meta.num_reqs
-        if meta.fresh_all:
-            return ssm_cache.new_zeros(r, *ssm_cache.shape[1:], dtype=torch.float32)
-        init = ssm_cache[meta.state_slots].float()
-        if meta.any_fresh:
-            init[meta.fresh] = 0.0
-        return init
 
     def _decode(
         self,
