@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -131,6 +132,11 @@ class BatchMeta:
     def single_state_slot(self) -> int | None:
         """The working state slot when the batch holds exactly one request, else None."""
         return int(self.state_slots[0]) if self.num_reqs == 1 else None
+
+    @cached_property
+    def row_starts(self) -> torch.Tensor:
+        """[B + 1] packed row where each request's new tokens start, then T."""
+        return torch.tensor([0, *accumulate(self.new_lens)], device=self.tokens.device)
 
     @cached_property
     def kv_lens(self) -> tuple[int, ...]:

@@ -1,10 +1,11 @@
 """C kernels in ``csrc/``, each built on first use with the system compiler.
 
 A kernel's C file is compiled with ``$CC`` (else ``cc``/``gcc``/``clang``) into
-``$MARCONI_CACHE_DIR/kernels/`` under a name that hashes the source, the flags and the CPU's
-feature flags (``-march=native``): no torch extension build, about a second the first time,
-nothing afterwards. If no compiler is found, the build fails, or the kernel's switch variable
-is ``0``, ``CKernel.get()`` is None and callers keep their torch path.
+``$MARCONI_CACHE_DIR/kernels/`` under a name that hashes the source, the headers of
+``csrc/``, the flags and the CPU's feature flags (``-march=native``): no torch extension
+build, about a second the first time, nothing afterwards. If no compiler is found, the build
+fails, or the kernel's switch variable is ``0``, ``CKernel.get()`` is None and callers keep
+their torch path.
 
 Where Python's headers exist the library is also a Python extension module (``csrc/pyext.h``:
 ``-DMARCONI_PYEXT``) and ``get()`` returns its METH_FASTCALL function, which takes the same
@@ -81,6 +82,7 @@ class CKernel:
     argtypes: tuple[Any, ...]
     switch: str
     libs: tuple[str, ...] = ()  # linker arguments after the source, e.g. ("-lm",)
+    cflags: tuple[str, ...] = ()  # compiler flags of this kernel alone, e.g. ("-fopenmp",)
 
     @property
     def path(self) -> Path:
@@ -93,7 +95,7 @@ class CKernel:
         fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so")
         os.close(fd)
         try:
-            cmd = [cc, *FLAGS, *extra_flags, str(self.path), *self.libs, "-o", tmp]
+            cmd = [cc, *FLAGS, *self.cflags, *extra_flags, str(self.path), *self.libs, "-o", tmp]
             subprocess.run(cmd, check=True, capture_output=True, text=True)
             os.replace(tmp, out)
         finally:
@@ -148,8 +150,9 @@ def _build(kernel: CKernel) -> Any | None:
         log.info("no C compiler found: %s uses its torch path", kernel.symbol)
         return None
     extra = python_ext_flags()
-    parts = [kernel.path.read_bytes(), (CSRC / "pyext.h").read_bytes(),
-             " ".join(FLAGS + extra + kernel.libs).encode(), cpu_flags().encode()]  # fmt: skip
+    headers = [h.read_bytes() for h in sorted(CSRC.glob("*.h"))]  # any may be included
+    flags = FLAGS + kernel.cflags + extra + kernel.libs
+    parts = [kernel.path.read_bytes(), *headers, " ".join(flags).encode(), cpu_flags().encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     path = cache_dir() / "kernels" / f"{kernel.symbol}-{key}{EXT_SUFFIX if extra else '.so'}"
     try:

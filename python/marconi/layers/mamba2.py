@@ -205,6 +205,10 @@ class Mamba2Mixer(nn.Module):
                     proj, conv_cache, ssm_cache, meta.state_slots, prm
                 )
             y = self._decode(proj, meta, conv_cache, ssm_cache)
+        elif self._fusable and ssm_step.prefill_applies(proj, conv_cache, ssm_cache):
+            return ssm_step.mamba2_prefill_fused(
+                proj, conv_cache, ssm_cache, meta, self._fused_params()
+            )
         else:
             y = self._prefill(proj, meta, conv_cache, ssm_cache)
         z = proj[:, : self.inner]

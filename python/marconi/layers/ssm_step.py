@@ -1,4 +1,5 @@
-"""The Mamba-2 decode step as in-place C passes (``csrc/mamba2_decode_step.c``).
+"""The Mamba-2 mixer's C kernels: the decode step (``csrc/mamba2_decode_step.c``) and the
+prefill (``csrc/mamba2_prefill.c``), both updating the state pools in place.
 
 A decode step of B requests reads and writes each request's SSM state once, in its pool slot.
 torch's batched path (``Mamba2Mixer._decode``) gathers the B states, decays and updates the copy,
@@ -10,17 +11,26 @@ its torch path. Takes fp32 CPU tensors only (the caller checks with ``applies``)
 ``mamba2_decode_fused`` goes further: the whole mixer between ``in_proj`` and ``out_proj`` (conv,
 SiLU, dt, the recurrence, D skip, gated RMSNorm) in one call, replacing ~30 torch dispatches per
 Mamba layer per decode step, which at batch 1 cost more than the recurrence itself. Same switch.
+
+``mamba2_prefill_fused`` is the same mixer for a packed prefill batch (conv, SiLU, dt, the
+recurrence token by token with in-pass captures, D skip, gated RMSNorm), multi-threaded with
+OpenMP; it replaces the chunked SSD scan of ``Mamba2Mixer._prefill`` (kept for other dtypes and
+activations, and as the reference the tests compare with). Its switch:
+``MARCONI_SSM_PREFILL_KERNEL=0``.
 """
 
 from __future__ import annotations
 
 import ctypes
 from functools import cache
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from marconi.layers.ckernel import CKernel
+
+if TYPE_CHECKING:
+    from marconi.layers.batch_meta import BatchMeta
 
 KERNEL = CKernel(
     "mamba2_decode_step.c",
@@ -87,6 +97,30 @@ def fused_applies(proj: torch.Tensor, conv_cache: torch.Tensor, ssm_cache: torch
     )
 
 
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _check_fused(
+    proj: torch.Tensor,
+    conv_cache: torch.Tensor,
+    ssm_cache: torch.Tensor,
+    prm: FusedParams,
+    rows: int,
+) -> None:
+    """Raise ValueError unless ``proj`` [rows, >= H*P + C + H], the pools and ``prm`` fit."""
+    _, h, p, n = ssm_cache.shape
+    _, km1, c = conv_cache.shape
+    inner = h * p
+    if c != inner + 2 * prm.n_groups * n or proj.shape[0] != rows or proj.shape[1] < inner + c + h:
+        raise ValueError(
+            f"proj {tuple(proj.shape)} / conv pool {tuple(conv_cache.shape)} do "
+            f"not fit ssm pool {tuple(ssm_cache.shape)} with {prm.n_groups} groups"
+        )
+    if inner % prm.norm_group or tuple(prm.conv_w.shape) != (km1 + 1, c):
+        raise ValueError(f"norm group {prm.norm_group} / conv weight {tuple(prm.conv_w.shape)}")
+
+
 def mamba2_decode_fused(
     proj: torch.Tensor,
     conv_cache: torch.Tensor,
@@ -100,26 +134,85 @@ def mamba2_decode_fused(
     _, h, p, n = ssm_cache.shape
     _, km1, c = conv_cache.shape
     bsz, inner = slots.numel(), h * p
-    if c != inner + 2 * prm.n_groups * n or proj.shape[0] != bsz or proj.shape[1] < inner + c + h:
-        raise ValueError(
-            f"proj {tuple(proj.shape)} / conv pool {tuple(conv_cache.shape)} do "
-            f"not fit ssm pool {tuple(ssm_cache.shape)} with {prm.n_groups} groups"
-        )
-    if inner % prm.norm_group or tuple(prm.conv_w.shape) != (km1 + 1, c):
-        raise ValueError(f"norm group {prm.norm_group} / conv weight {tuple(prm.conv_w.shape)}")
+    _check_fused(proj, conv_cache, ssm_cache, prm, bsz)
     slots = slots.to(torch.long).contiguous()
     out = torch.empty(bsz, inner, dtype=torch.float32)
     work = torch.empty(c + inner, dtype=torch.float32)
     fn = fused_kernel()
     assert fn is not None, "mamba2_decode_fused called without the kernel (fused_applies)"
     lo, hi = prm.dt_limit
-    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     fn(
         proj.data_ptr(), proj.shape[1], conv_cache.data_ptr(), ssm_cache.data_ptr(),
         slots.data_ptr(), bsz, h, p, n, prm.n_groups, km1 + 1,
-        prm.conv_w.data_ptr(), ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
+        prm.conv_w.data_ptr(), _ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
         lo, hi, prm.d_skip.data_ptr(), prm.norm_w.data_ptr(), prm.norm_group, prm.eps,
         work.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    return out
+
+
+#: ``mamba2_prefill_fused``'s ctypes signature (used where the library is not an extension)
+PREFILL_ARGTYPES = (
+    *(ctypes.c_void_p, ctypes.c_long, *[ctypes.c_void_p] * 6, *[ctypes.c_long] * 6),
+    *(*[ctypes.c_void_p] * 4, ctypes.c_float, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p),
+    *(ctypes.c_long, ctypes.c_float, *[ctypes.c_void_p] * 3, ctypes.c_long),
+    *(ctypes.c_void_p, ctypes.c_void_p),
+)
+
+PREFILL = CKernel(
+    "mamba2_prefill.c",
+    "mamba2_prefill_fused",
+    PREFILL_ARGTYPES,
+    "MARCONI_SSM_PREFILL_KERNEL",
+    libs=("-lm",),
+    cflags=("-fopenmp",),
+)
+
+
+def prefill_kernel() -> Any | None:
+    """``mamba2_prefill_fused`` (``csrc/mamba2_prefill.c``), built on the first call, or None."""
+    return PREFILL.get()
+
+
+def prefill_applies(proj: torch.Tensor, conv_cache: torch.Tensor, ssm_cache: torch.Tensor) -> bool:
+    """``mamba2_prefill_fused`` serves this prefill: as ``fused_applies``, and it is built."""
+    return fused_applies(proj, conv_cache, ssm_cache) and prefill_kernel() is not None
+
+
+def mamba2_prefill_fused(
+    proj: torch.Tensor,
+    conv_cache: torch.Tensor,
+    ssm_cache: torch.Tensor,
+    meta: BatchMeta,
+    prm: FusedParams,
+) -> torch.Tensor:
+    """A packed prefill: in_proj rows ``proj`` [T, >= H*P + C + H] of ``meta``'s requests ->
+    the gated-normed y [T, H * P]; each request resumes from its working slot (zeros when
+    fresh), its conv and SSM states advance in place by its new tokens, and every capture of
+    ``meta`` gets the states after its offset. The recurrence is the decode step's, token by
+    token, so where a prefill is split does not change its result."""
+    _, h, p, n = ssm_cache.shape
+    _, km1, c = conv_cache.shape
+    t, inner = proj.shape[0], h * p
+    _check_fused(proj, conv_cache, ssm_cache, prm, t)
+    starts, fresh = meta.row_starts, meta.fresh
+    if int(starts[-1]) != t or fresh.dtype != torch.bool:
+        raise ValueError(f"proj has {t} rows, the batch {int(starts[-1])}")
+    out = torch.empty(t, inner, dtype=torch.float32)
+    work = torch.empty(t * (c + 2 * h) + meta.num_reqs * km1 * c, dtype=torch.float32)
+    fn = prefill_kernel()
+    assert fn is not None, "mamba2_prefill_fused called without the kernel (prefill_applies)"
+    lo, hi = prm.dt_limit
+    rows = (meta.state_slots, starts, meta.tok_req)
+    slots, starts, tok_req = (x.to(torch.long).contiguous() for x in rows)
+    cap = [x.to(torch.long).contiguous() for x in (meta.cap_req, meta.cap_off, meta.cap_slot)]
+    fn(
+        proj.data_ptr(), proj.shape[1], conv_cache.data_ptr(), ssm_cache.data_ptr(),
+        slots.data_ptr(), starts.data_ptr(), tok_req.data_ptr(), fresh.contiguous().data_ptr(),
+        meta.num_reqs, h, p, n, prm.n_groups, km1 + 1,
+        prm.conv_w.data_ptr(), _ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
+        lo, hi, prm.d_skip.data_ptr(), prm.norm_w.data_ptr(), prm.norm_group, prm.eps,
+        *(x.data_ptr() for x in cap), cap[0].numel(), work.data_ptr(), out.data_ptr(),
     )  # fmt: skip
     return out
 

@@ -21,9 +21,7 @@
 #ifdef MARCONI_PYEXT
 #include "pyext.h" /* first: Python.h must precede system headers */
 #endif
-#include <math.h>
-
-#define LANES 16
+#include "mamba2.h"
 
 /* One head of one request: update its P state rows by one token, write y[p]. */
 static void ssm_head(float *st, long P, long N, float xd_scale, const float *x, float decay,
@@ -63,10 +61,6 @@ void mamba2_decode_step(float *ssm, const long *slots, long bsz, long H, long P,
     }
 }
 
-static inline float silu(float v) { return v / (1.0f + expf(-v)); }
-
-static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
-
 /* proj: [bsz, proj_stride] in_proj rows laid out z [H*P] | xBC [C] | dt [H] (C = H*P + 2*G*N);
  * conv_pool: [slots, K-1, C]; ssm_pool: [slots, H, P, N]; conv_w: [K, C]; conv_b: [C] or NULL;
  * dt_bias, a_neg: [H]; d_skip, norm_w: [H*P]; work: [C + H*P] scratch; out: [bsz, H*P]. */
@@ -92,22 +86,14 @@ void mamba2_decode_fused(const float *proj, long proj_stride, float *conv_pool, 
         const float *xs = xbc, *b = xbc + inner, *cc = b + gn;
         float *s_i = ssm_pool + slots[i] * H * P * N;
         for (long h = 0; h < H; h++) {
-            float dt = softplus(dtin[h] + dt_bias[h]);
-            dt = fminf(fmaxf(dt, lo), hi);
+            const float dt = mamba2_dt(dtin[h], dt_bias[h], lo, hi);
             const long off = (h / hpg) * N;
             ssm_head(s_i + h * P * N, P, N, dt, xs + h * P, expf(dt * a_neg[h]), b + off,
                      cc + off, y + h * P);
         }
         float *o = out + i * inner;
-        for (long j = 0; j < inner; j++) y[j] = (y[j] + xs[j] * d_skip[j]) * silu(z[j]);
-        for (long g0 = 0; g0 < inner; g0 += norm_group) {
-            float acc[LANES] = {0.0f};
-            for (long j = 0; j < norm_group; j++) acc[j % LANES] += y[g0 + j] * y[g0 + j];
-            float ss = 0.0f;
-            for (int j = 0; j < LANES; j++) ss += acc[j];
-            const float r = 1.0f / sqrtf(ss / (float)norm_group + eps);
-            for (long j = g0; j < g0 + norm_group; j++) o[j] = y[j] * r * norm_w[j];
-        }
+        gated_norm_row(y, xs, z, d_skip, norm_w, inner, norm_group, eps);
+        for (long j = 0; j < inner; j++) o[j] = y[j];
     }
 }
 

@@ -1,0 +1,53 @@
+/* Per-element pieces shared by the Mamba-2 kernels (mamba2_decode_step.c, mamba2_prefill.c):
+ * SiLU on a vectorisable exp, dt's softplus + clamp, and the gate + grouped RMSNorm that ends
+ * the mixer. Included once per kernel source; everything is static inline. */
+#ifndef MARCONI_MAMBA2_H
+#define MARCONI_MAMBA2_H
+#include <math.h>
+
+#define LANES 16
+
+/* exp(x) in plain arithmetic (no libm call), so that loops over it vectorise: x = n ln2 + r,
+ * |r| <= ln2 / 2, exp(r) by Cephes' degree-7 polynomial, 2^n by the exponent bits; within
+ * 2 ulp of expf on [-87, 88]; x is clamped there (+-inf give NaN: only SiLU uses it). */
+static inline float exp_vec(float x) {
+    x += (float)(x < -87.0f) * (-87.0f - x); /* a clamp written so that it vectorises */
+    x += (float)(x > 88.0f) * (88.0f - x);
+    const int n = (int)(x * 1.44269504089f + __builtin_copysignf(0.5f, x));
+    const float r = x - (float)n * 0.693359375f + (float)n * 2.12194440e-4f;
+    float q = 1.9875691500e-4f;
+    q = q * r + 1.3981999507e-3f;
+    q = q * r + 8.3334519073e-3f;
+    q = q * r + 4.1665795894e-2f;
+    q = q * r + 1.6666665459e-1f;
+    q = q * r + 5.0000001201e-1f;
+    const int bits = (n + 127) << 23;
+    float scale;
+    __builtin_memcpy(&scale, &bits, sizeof scale);
+    return (1.0f + r + r * r * q) * scale;
+}
+
+static inline float silu(float v) { return v / (1.0f + exp_vec(-v)); }
+
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* dt = clamp(softplus(raw + bias), lo, hi) */
+static inline float mamba2_dt(float raw, float bias, float lo, float hi) {
+    return fminf(fmaxf(softplus(raw + bias), lo), hi);
+}
+
+/* The mixer's end for one token, in place on y [inner]: y = (y + x * D) * silu(z), then
+ * RMS-normed per group of norm_group channels times norm_w. */
+static inline void gated_norm_row(float *y, const float *x, const float *z, const float *d_skip,
+                                  const float *norm_w, long inner, long norm_group, float eps) {
+    for (long j = 0; j < inner; j++) y[j] = (y[j] + x[j] * d_skip[j]) * silu(z[j]);
+    for (long g0 = 0; g0 < inner; g0 += norm_group) {
+        float acc[LANES] = {0.0f};
+        for (long j = 0; j < norm_group; j++) acc[j % LANES] += y[g0 + j] * y[g0 + j];
+        float ss = 0.0f;
+        for (int j = 0; j < LANES; j++) ss += acc[j];
+        const float rs = 1.0f / sqrtf(ss / (float)norm_group + eps);
+        for (long j = g0; j < g0 + norm_group; j++) y[j] = y[j] * rs * norm_w[j];
+    }
+}
+#endif
