@@ -55,6 +55,7 @@ class Result:
     cached_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    where: tuple[int, int, float] = (-1, -1, 0.0)  # session, turn, seconds into the replay
 
 
 def build_sessions(args: argparse.Namespace) -> list[list[Turn]]:
@@ -154,14 +155,17 @@ async def run_session(
     t_start: float,
     out: list[Result],
     salt: str = "",
+    session: int = 0,
 ) -> None:
     """One session's turns in order; ``salt`` starts every prompt (a round's own text, so a
     server kept up across rounds never hits on an earlier round's prompts)."""
     history = salt
-    for turn in turns:
+    for k, turn in enumerate(turns):
         await asyncio.sleep(max(0.0, t_start + turn.arrival - time.perf_counter()))
         prompt = history + turn.text if args.history == "generated" else salt + turn.text
+        sent = time.perf_counter()
         res, reply = await send(http, args, model, prompt, turn.max_tokens)
+        res.where = (session, k, sent)
         out.append(res)
         if res.error:
             return
@@ -183,15 +187,17 @@ async def bench(
         results: list[Result] = []
         t0 = time.perf_counter()
 
-        async def one(turns: list[Turn]) -> None:
+        async def one(i: int, turns: list[Turn]) -> None:
             if gate is None:
-                return await run_session(http, args, model, turns, t0, results, salt)
+                return await run_session(http, args, model, turns, t0, results, salt, i)
             async with gate:
                 start = time.perf_counter() - turns[0].arrival
-                await run_session(http, args, model, turns, start, results, salt)
+                await run_session(http, args, model, turns, start, results, salt, i)
 
-        await asyncio.gather(*(one(s) for s in sessions))
+        await asyncio.gather(*(one(i, s) for i, s in enumerate(sessions)))
         duration = time.perf_counter() - t0
+        for r in results:  # send times relative to the replay's start
+            r.where = (r.where[0], r.where[1], r.where[2] - t0)
     return results, duration
 
 
@@ -217,7 +223,15 @@ def summarize(results: list[Result], duration: float, rounds: int = 1) -> dict:
         "e2e_ms_p50": pct(np.array([r.e2e for r in ok]) * 1e3, 50),
         "prompt_tokens": prompt,
         "cached_fraction": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+        #: every request: [session, turn, sent s, TTFT ms, prompt tokens, cached tokens]
+        "per_request": [per_request(r) for r in ok],
     }
+
+
+def per_request(r: Result) -> list:
+    """[session, turn, sent s, TTFT ms, prompt tokens, cached tokens]"""
+    sent = round(r.where[2], 3)
+    return [*r.where[:2], sent, round(r.ttft * 1e3, 1), r.prompt_tokens, r.cached_tokens]
 
 
 def run_launched(

@@ -38,6 +38,7 @@ KERNEL = CKernel(
     (ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_long] * 5, *[ctypes.c_void_p] * 6),
     "MARCONI_SSM_STEP_KERNEL",
     libs=("-lm",),
+    cflags=("-fopenmp",),
 )
 
 
@@ -137,7 +138,7 @@ def mamba2_decode_fused(
     _check_fused(proj, conv_cache, ssm_cache, prm, bsz)
     slots = slots.to(torch.long).contiguous()
     out = torch.empty(bsz, inner, dtype=torch.float32)
-    work = torch.empty(c + inner, dtype=torch.float32)
+    work = torch.empty(bsz * (c + h), dtype=torch.float32)
     fn = fused_kernel()
     assert fn is not None, "mamba2_decode_fused called without the kernel (fused_applies)"
     lo, hi = prm.dt_limit

@@ -15,6 +15,8 @@
  * exp(dt * A), the recurrence above, the D skip, then y * silu(z) RMS-normed per group of
  * norm_group channels times norm_w.
  *
+ * Built with -fopenmp (see mamba2_prefill.c: the threads are torch's).
+ *
  * fp32 in and out; sums run in 16 partial sums (the compiler vectorises them), so results
  * differ from torch's only by summation order and libm rounding.
  */
@@ -63,7 +65,8 @@ void mamba2_decode_step(float *ssm, const long *slots, long bsz, long H, long P,
 
 /* proj: [bsz, proj_stride] in_proj rows laid out z [H*P] | xBC [C] | dt [H] (C = H*P + 2*G*N);
  * conv_pool: [slots, K-1, C]; ssm_pool: [slots, H, P, N]; conv_w: [K, C]; conv_b: [C] or NULL;
- * dt_bias, a_neg: [H]; d_skip, norm_w: [H*P]; work: [C + H*P] scratch; out: [bsz, H*P]. */
+ * dt_bias, a_neg: [H]; d_skip, norm_w: [H*P]; work: [bsz * (C + H)] scratch; out: [bsz, H*P].
+ * Threads: OpenMP over requests (conv, gate + norm) and over (request, head) pairs. */
 void mamba2_decode_fused(const float *proj, long proj_stride, float *conv_pool, float *ssm_pool,
                          const long *slots, long bsz, long H, long P, long N, long G, long K,
                          const float *conv_w, const float *conv_b, const float *dt_bias,
@@ -71,29 +74,34 @@ void mamba2_decode_fused(const float *proj, long proj_stride, float *conv_pool, 
                          const float *norm_w, long norm_group, float eps, float *work,
                          float *out) {
     const long inner = H * P, gn = G * N, C = inner + 2 * gn, hpg = H / G;
-    float *xbc = work, *y = work + C;
-    for (long i = 0; i < bsz; i++) {
-        const float *z = proj + i * proj_stride, *xin = z + inner, *dtin = xin + C;
-        float *cst = conv_pool + slots[i] * (K - 1) * C;
-        for (long c = 0; c < C; c++) { /* conv over [state rows, new row], then shift */
-            float acc = conv_b ? conv_b[c] : 0.0f;
-            for (long k = 0; k < K - 1; k++) acc += cst[k * C + c] * conv_w[k * C + c];
-            acc += xin[c] * conv_w[(K - 1) * C + c];
-            for (long k = 0; k + 1 < K - 1; k++) cst[k * C + c] = cst[(k + 1) * C + c];
-            if (K > 1) cst[(K - 2) * C + c] = xin[c];
-            xbc[c] = silu(acc);
+    float *xbcs = work, *dts = work + bsz * C;
+#pragma omp parallel if (bsz * H * P * N >= 1L << 16)
+    {
+#pragma omp for
+        for (long i = 0; i < bsz; i++) {
+            const float *xin = proj + i * proj_stride + inner, *dtin = xin + C;
+            float *cst = conv_pool + slots[i] * (K - 1) * C, *xbc = xbcs + i * C;
+            for (long c = 0; c < C; c++) { /* conv over [state rows, new row], then shift */
+                float acc = conv_b ? conv_b[c] : 0.0f;
+                for (long k = 0; k < K - 1; k++) acc += cst[k * C + c] * conv_w[k * C + c];
+                acc += xin[c] * conv_w[(K - 1) * C + c];
+                for (long k = 0; k + 1 < K - 1; k++) cst[k * C + c] = cst[(k + 1) * C + c];
+                if (K > 1) cst[(K - 2) * C + c] = xin[c];
+                xbc[c] = silu(acc);
+            }
+            for (long h = 0; h < H; h++) dts[i * H + h] = mamba2_dt(dtin[h], dt_bias[h], lo, hi);
         }
-        const float *xs = xbc, *b = xbc + inner, *cc = b + gn;
-        float *s_i = ssm_pool + slots[i] * H * P * N;
-        for (long h = 0; h < H; h++) {
-            const float dt = mamba2_dt(dtin[h], dt_bias[h], lo, hi);
-            const long off = (h / hpg) * N;
-            ssm_head(s_i + h * P * N, P, N, dt, xs + h * P, expf(dt * a_neg[h]), b + off,
-                     cc + off, y + h * P);
+#pragma omp for schedule(static)
+        for (long ih = 0; ih < bsz * H; ih++) {
+            const long i = ih / H, h = ih % H, off = inner + (h / hpg) * N;
+            const float *xbc = xbcs + i * C;
+            ssm_head(ssm_pool + (slots[i] * H + h) * P * N, P, N, dts[ih], xbc + h * P,
+                     expf(dts[ih] * a_neg[h]), xbc + off, xbc + off + gn, out + ih * P);
         }
-        float *o = out + i * inner;
-        gated_norm_row(y, xs, z, d_skip, norm_w, inner, norm_group, eps);
-        for (long j = 0; j < inner; j++) o[j] = y[j];
+#pragma omp for
+        for (long i = 0; i < bsz; i++)
+            gated_norm_row(out + i * inner, xbcs + i * C, proj + i * proj_stride, d_skip, norm_w,
+                           inner, norm_group, eps);
     }
 }
 
