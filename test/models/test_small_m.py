@@ -116,7 +116,7 @@ def test_kernels_load_as_python_extensions_with_a_ctypes_fallback() -> None:
     from marconi.layers import ckernel, norm, ssm_step
 
     assert ckernel.python_ext_flags()
-    for kernel in (small_m.KERNEL, ssm_step.KERNEL, norm.KERNEL):
+    for kernel in (small_m.KERNEL, ssm_step.KERNEL, ssm_step.PREFILL, norm.KERNEL):
         assert isinstance(kernel.get(), types.BuiltinFunctionType), kernel.symbol
     assert isinstance(ssm_step.fused_kernel(), types.BuiltinFunctionType)  # a companion
     with pytest.raises(TypeError, match="takes 7 arguments"):

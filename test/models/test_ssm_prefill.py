@@ -3,6 +3,12 @@ path (chunked SSD scan + gated RMSNorm): outputs, every slot of both pools, capt
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from marconi.layers import ssm_step
@@ -90,3 +96,34 @@ def test_prefill_kernel_refuses_rows_that_do_not_fit_the_batch() -> None:
     pools = torch.zeros(2, 3, mixer.conv_dim), torch.zeros(2, 4, 8, 16)
     with pytest.raises(ValueError, match="rows"):
         ssm_step.mamba2_prefill_fused(proj, *pools, meta, mixer._fused_params())
+
+
+def _run(code: str, **env: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_kernels_share_torchs_openmp_runtime(tmp_path: Path) -> None:
+    """Built with -fopenmp, the kernels resolve libgomp.so.1 to the copy torch loaded: one
+    OpenMP runtime (one thread pool, one wait policy) in the process."""
+    code = (
+        "import torch; from marconi.layers import ssm_step; "
+        "assert ssm_step.prefill_kernel() and ssm_step.fused_kernel(); "
+        "print(len({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}))"
+    )
+    assert _run(code, MARCONI_CACHE_DIR=str(tmp_path)) == "1"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_a_compiler_without_openmp_still_builds_the_kernels(tmp_path: Path) -> None:
+    cc = tmp_path / "cc"
+    cc.write_text('#!/bin/sh\nfor a; do [ "$a" = -fopenmp ] && exit 1; done\nexec gcc "$@"\n')
+    cc.chmod(0o755)
+    code = (
+        "from marconi.layers import ssm_step; "
+        "print(ssm_step.prefill_kernel() is not None, ssm_step.fused_kernel() is not None)"
+    )
+    assert _run(code, CC=str(cc), MARCONI_CACHE_DIR=str(tmp_path)) == "True True"

@@ -90,13 +90,21 @@ class CKernel:
 
     def compile(self, cc: str, out: Path, extra_flags: tuple[str, ...] = ()) -> Path:
         """Compile into the shared library ``out`` (atomically: concurrent builders each publish
-        a whole file). Raises ``subprocess.CalledProcessError`` with the compiler's output."""
+        a whole file). If the kernel's own ``cflags`` fail (a compiler without OpenMP), it is
+        built without them (its pragmas then run serially). Raises
+        ``subprocess.CalledProcessError`` with the compiler's output."""
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so")
         os.close(fd)
         try:
-            cmd = [cc, *FLAGS, *self.cflags, *extra_flags, str(self.path), *self.libs, "-o", tmp]
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            cmd = [cc, *FLAGS, *extra_flags, str(self.path), *self.libs, "-o", tmp]
+            try:
+                subprocess.run([*cmd[:1], *self.cflags, *cmd[1:]], check=True, capture_output=True)
+            except subprocess.CalledProcessError as e:
+                if not self.cflags:
+                    raise
+                log.info("%s: %s failed (%s); building without", self.source, self.cflags, e)
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):

@@ -57,6 +57,7 @@ FUSED_ARGTYPES = (
     ctypes.c_float,
     ctypes.c_void_p,
     ctypes.c_void_p,
+    ctypes.c_long,
 )
 
 
@@ -147,7 +148,7 @@ def mamba2_decode_fused(
         slots.data_ptr(), bsz, h, p, n, prm.n_groups, km1 + 1,
         prm.conv_w.data_ptr(), _ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
         lo, hi, prm.d_skip.data_ptr(), prm.norm_w.data_ptr(), prm.norm_group, prm.eps,
-        work.data_ptr(), out.data_ptr(),
+        work.data_ptr(), out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     return out
 
@@ -157,7 +158,7 @@ PREFILL_ARGTYPES = (
     *(ctypes.c_void_p, ctypes.c_long, *[ctypes.c_void_p] * 6, *[ctypes.c_long] * 6),
     *(*[ctypes.c_void_p] * 4, ctypes.c_float, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p),
     *(ctypes.c_long, ctypes.c_float, *[ctypes.c_void_p] * 3, ctypes.c_long),
-    *(ctypes.c_void_p, ctypes.c_void_p),
+    *(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long),
 )
 
 PREFILL = CKernel(
@@ -214,6 +215,7 @@ def mamba2_prefill_fused(
         prm.conv_w.data_ptr(), _ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
         lo, hi, prm.d_skip.data_ptr(), prm.norm_w.data_ptr(), prm.norm_group, prm.eps,
         *(x.data_ptr() for x in cap), cap[0].numel(), work.data_ptr(), out.data_ptr(),
+        torch.get_num_threads(),
     )  # fmt: skip
     return out
 

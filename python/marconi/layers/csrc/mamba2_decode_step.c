@@ -66,16 +66,17 @@ void mamba2_decode_step(float *ssm, const long *slots, long bsz, long H, long P,
 /* proj: [bsz, proj_stride] in_proj rows laid out z [H*P] | xBC [C] | dt [H] (C = H*P + 2*G*N);
  * conv_pool: [slots, K-1, C]; ssm_pool: [slots, H, P, N]; conv_w: [K, C]; conv_b: [C] or NULL;
  * dt_bias, a_neg: [H]; d_skip, norm_w: [H*P]; work: [bsz * (C + H)] scratch; out: [bsz, H*P].
- * Threads: OpenMP over requests (conv, gate + norm) and over (request, head) pairs. */
+ * Threads: `threads` OpenMP threads (the caller passes torch's intra-op count) over requests
+ * (conv, gate + norm) and over (request, head) pairs; one below 64K state floats. */
 void mamba2_decode_fused(const float *proj, long proj_stride, float *conv_pool, float *ssm_pool,
                          const long *slots, long bsz, long H, long P, long N, long G, long K,
                          const float *conv_w, const float *conv_b, const float *dt_bias,
                          const float *a_neg, float lo, float hi, const float *d_skip,
                          const float *norm_w, long norm_group, float eps, float *work,
-                         float *out) {
+                         float *out, long threads) {
     const long inner = H * P, gn = G * N, C = inner + 2 * gn, hpg = H / G;
     float *xbcs = work, *dts = work + bsz * C;
-#pragma omp parallel if (bsz * H * P * N >= 1L << 16)
+#pragma omp parallel num_threads(threads) if (bsz * H * P * N >= 1L << 16)
     {
 #pragma omp for
         for (long i = 0; i < bsz; i++) {
@@ -109,11 +110,11 @@ void mamba2_decode_fused(const float *proj, long proj_stride, float *conv_pool, 
 PYEXT_FUNCTION(mamba2_decode_step, "pplllllpppppp",
                mamba2_decode_step(v[0].p, v[1].p, v[2].l, v[3].l, v[4].l, v[5].l, v[6].l, v[7].p,
                                   v[8].p, v[9].p, v[10].p, v[11].p, v[12].p))
-PYEXT_FUNCTION(mamba2_decode_fused, "plpppllllllppppffpplfpp",
+PYEXT_FUNCTION(mamba2_decode_fused, "plpppllllllppppffpplfppl",
                mamba2_decode_fused(v[0].p, v[1].l, v[2].p, v[3].p, v[4].p, v[5].l, v[6].l, v[7].l,
                                    v[8].l, v[9].l, v[10].l, v[11].p, v[12].p, v[13].p, v[14].p,
                                    v[15].f, v[16].f, v[17].p, v[18].p, v[19].l, v[20].f, v[21].p,
-                                   v[22].p))
+                                   v[22].p, v[23].l))
 PYEXT_MODULE(mamba2_decode_step, PYEXT_METHOD(mamba2_decode_step),
              PYEXT_METHOD(mamba2_decode_fused))
 #endif

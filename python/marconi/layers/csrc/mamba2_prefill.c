@@ -17,7 +17,8 @@
  * The scan keeps the head's state transposed ([N][P]), so the update and y = state c both run
  * along p with no horizontal sums.
  *
- * Threads: OpenMP over tokens (conv, gate + norm) and over (request, head) pairs (the scan).
+ * Threads: `threads` OpenMP threads (the caller passes torch's intra-op count) over tokens
+ * (conv, gate + norm) and over (request, head) pairs (the scan).
  * Built with -fopenmp; inside torch the library's libgomp.so.1 is the one torch already
  * loaded (same soname), so the kernel shares torch's thread pool and wait policy.
  */
@@ -67,11 +68,11 @@ void mamba2_prefill_fused(const float *proj, long proj_stride, float *conv_pool,
                           const float *dt_bias, const float *a_neg, float lo, float hi,
                           const float *d_skip, const float *norm_w, long norm_group, float eps,
                           const long *cap_req, const long *cap_off, const long *cap_slot,
-                          long ncap, float *work, float *out) {
+                          long ncap, float *work, float *out, long threads) {
     const long inner = H * P, gn = G * N, C = inner + 2 * gn, hpg = H / G, km1 = K - 1;
     const long T = starts[B], PN = P * N;
     float *xa = work, *dts = xa + T * C, *decays = dts + T * H, *heads = decays + T * H;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
     {
 #pragma omp for
         for (long r = 0; r < B; r++) { /* each request's resume conv state, before any write */
@@ -139,11 +140,11 @@ void mamba2_prefill_fused(const float *proj, long proj_stride, float *conv_pool,
 }
 
 #ifdef MARCONI_PYEXT
-PYEXT_FUNCTION(mamba2_prefill_fused, "plppppppllllllppppffpplfppplpp",
+PYEXT_FUNCTION(mamba2_prefill_fused, "plppppppllllllppppffpplfppplppl",
                mamba2_prefill_fused(v[0].p, v[1].l, v[2].p, v[3].p, v[4].p, v[5].p, v[6].p,
                                     v[7].p, v[8].l, v[9].l, v[10].l, v[11].l, v[12].l, v[13].l,
                                     v[14].p, v[15].p, v[16].p, v[17].p, v[18].f, v[19].f,
                                     v[20].p, v[21].p, v[22].l, v[23].f, v[24].p, v[25].p,
-                                    v[26].p, v[27].l, v[28].p, v[29].p))
+                                    v[26].p, v[27].l, v[28].p, v[29].p, v[30].l))
 PYEXT_MODULE(mamba2_prefill, PYEXT_METHOD(mamba2_prefill_fused))
 #endif
