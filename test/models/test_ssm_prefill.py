@@ -136,7 +136,7 @@ def batches(draw: st.DrawFn) -> list[Req]:
     """1-4 requests, fresh or resumed, 1-70 new tokens, captures at any offset (distinct slots
     that are nobody's working slot)."""
     n = draw(st.integers(1, 4))
-    slots = iter(range(n, 12))
+    slots = iter(range(n, 4 * n))  # up to 3 captures per request
     reqs = []
     for r in range(n):
         new = draw(st.integers(1, 70))
@@ -153,8 +153,8 @@ def test_prefill_kernel_matches_the_torch_scan_on_any_batch(reqs: list[Req], see
     gen = torch.Generator().manual_seed(seed)
     proj = torch.randn(meta.num_tokens, mixer.in_proj.out_features, generator=gen)
     pools = (
-        torch.randn(12, 3, mixer.conv_dim, generator=gen),
-        torch.randn(12, 4, 8, 16, generator=gen),
+        torch.randn(16, 3, mixer.conv_dim, generator=gen),
+        torch.randn(16, 4, 8, 16, generator=gen),
     )
     refs = tuple(p.clone() for p in pools)
     with torch.no_grad():
