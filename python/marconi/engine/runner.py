@@ -51,8 +51,9 @@ class ModelRunner:
         #: decode rows (<= small_m.MAX_ROWS) through the C linear kernel on one OpenMP thread
         self.decode_kernel = self.cpu and decode_kernel_wanted()
         small_m.set_enabled(self.decode_kernel)
-        if self.cpu:
-            ssm_step.available()  # build the decode kernels now, not inside the first request
+        if self.cpu:  # build the Mamba-2 kernels now, not inside the first request
+            ssm_step.available()
+            ssm_step.prefill_kernel()
         if self.decode_kernel and small_m.available():
             # threads of the decode linear kernel (its own helper thread, not OpenMP's)
             small_m.set_threads(int(os.environ.get("MARCONI_SMALL_M_THREADS", self.max_threads)))
