@@ -254,7 +254,7 @@ def _run_in_order(llm: LLM, prompts: dict[str, list[int]]) -> tuple[list[str], d
     return order, outputs, cached
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "spf"])
 def test_lpm_admits_the_longest_cached_prefix_first_without_changing_outputs(policy: str) -> None:
     # one request at a time, so the finishing order is the admission order
     llm = LLM("tiny", "marconi", cache_memory="64MB", max_running_requests=1,
@@ -263,20 +263,21 @@ def test_lpm_admits_the_longest_cached_prefix_first_without_changing_outputs(pol
     llm.generate([doc + user("Summarise it.")], GREEDY)
     llm.generate([doc + user("And the title?")], GREEDY)  # checkpoints its branch point: the doc
     prompts = {
-        "cold-1": list(b"A prompt that shares nothing with the cache.\n"),
-        "cold-2": list(b"Another prompt with no cached prefix at all.\n"),
+        "cold-1": list(b"A prompt that shares nothing with the cache, and is long.\n"),
+        "cold-2": list(b"Another prompt with no cache.\n"),
         "warm": doc + user("Who wrote it?"),
     }
     order, outputs, cached = _run_in_order(llm, prompts)
     assert cached["warm"] >= len(doc) and cached["cold-1"] == cached["cold-2"] == 0
-    assert order == (["warm", "cold-1", "cold-2"] if policy == "lpm" else list(prompts))
+    want = {"lpm": ["warm", "cold-1", "cold-2"], "spf": ["warm", "cold-2", "cold-1"]}
+    assert order == want.get(policy, list(prompts))  # warm: the fewest tokens left to prefill
     uncached = LLM("tiny", "none", cache_memory="64MB").generate(list(prompts.values()), GREEDY)
     assert outputs == {rid: out.token_ids for rid, out in zip(prompts, uncached, strict=True)}
     llm.check_integrity()
 
 
 def test_unknown_schedule_policy_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="choose one of fcfs, lpm"):
+    with pytest.raises(ValueError, match="choose one of fcfs, lpm, spf"):
         LLM("tiny", "marconi", schedule_policy="random")
 
 

@@ -4,8 +4,9 @@
 
 | policy | order |
 |--------|-------|
-| fcfs   | arrival order (the default) |
+| fcfs   | arrival order |
 | lpm    | longest usable cached prefix first, arrival order among equals |
+| spf    | the default: fewest uncached prompt tokens first, arrival order among equals |
 
 A policy only reorders the waiting queue before admission; the scheduler still admits from the
 front while the token budget, the running-request cap and memory allow, so a policy never
@@ -61,3 +62,18 @@ class LongestPrefixMatch(SchedulePolicy):
         if not 1 < len(waiting) <= self.max_queue:
             return None
         return sorted(waiting, key=lambda r: -prefix_len(r))  # stable: FCFS among equals
+
+
+@SCHEDULE_POLICIES.register("spf")
+class ShortestPrefillFirst(LongestPrefixMatch):
+    """The request with the fewest prompt tokens left to prefill (prompt minus its usable
+    cached prefix) starts first: in a burst of cold arrivals the short ones get their first
+    token a step or more sooner, at the cost of the longest one. A long request can wait behind
+    a stream of short ones. Queues longer than ``max_queue`` keep arrival order (as ``lpm``)."""
+
+    name = "spf"
+
+    def order(self, waiting: Sequence[Req], prefix_len: Callable[[Req], int]) -> list[Req] | None:
+        if not 1 < len(waiting) <= self.max_queue:
+            return None
+        return sorted(waiting, key=lambda r: r.prompt_len - prefix_len(r))
