@@ -47,33 +47,43 @@ class FirstComeFirstServed(SchedulePolicy):
         return None
 
 
-@SCHEDULE_POLICIES.register("lpm")
-class LongestPrefixMatch(SchedulePolicy):
-    """Requests that resume from the longest cached prefix start first: their prefill is the
-    cheapest, so they leave the queue soonest, and their prefix is used while it is cached.
-    A request with no hit can wait behind a stream of hits (as in SGLang). Queues longer than
-    ``max_queue`` keep arrival order: looking up every queued request each step would cost
-    O(queue x depth)."""
+class SortedPolicy(SchedulePolicy):
+    """Waiting requests sorted by ``key`` (stable: arrival order among equals). Queues longer
+    than ``max_queue`` keep arrival order: looking up every queued request's cached prefix each
+    step would cost O(queue x depth)."""
 
-    name = "lpm"
     max_queue: ClassVar[int] = 128
+
+    @abstractmethod
+    def key(self, req: Req, prefix_len: int) -> int:
+        """Sort key of ``req`` (smaller starts first), given its usable cached prefix."""
 
     def order(self, waiting: Sequence[Req], prefix_len: Callable[[Req], int]) -> list[Req] | None:
         if not 1 < len(waiting) <= self.max_queue:
             return None
-        return sorted(waiting, key=lambda r: -prefix_len(r))  # stable: FCFS among equals
+        return sorted(waiting, key=lambda r: self.key(r, prefix_len(r)))
+
+
+@SCHEDULE_POLICIES.register("lpm")
+class LongestPrefixMatch(SortedPolicy):
+    """Requests that resume from the longest cached prefix start first: their prefill is the
+    cheapest, so they leave the queue soonest, and their prefix is used while it is cached.
+    A request with no hit can wait behind a stream of hits (as in SGLang)."""
+
+    name = "lpm"
+
+    def key(self, req: Req, prefix_len: int) -> int:
+        return -prefix_len
 
 
 @SCHEDULE_POLICIES.register("spf")
-class ShortestPrefillFirst(LongestPrefixMatch):
+class ShortestPrefillFirst(SortedPolicy):
     """The request with the fewest prompt tokens left to prefill (prompt minus its usable
     cached prefix) starts first: in a burst of cold arrivals the short ones get their first
     token a step or more sooner, at the cost of the longest one. A long request can wait behind
-    a stream of short ones. Queues longer than ``max_queue`` keep arrival order (as ``lpm``)."""
+    a stream of short ones."""
 
     name = "spf"
 
-    def order(self, waiting: Sequence[Req], prefix_len: Callable[[Req], int]) -> list[Req] | None:
-        if not 1 < len(waiting) <= self.max_queue:
-            return None
-        return sorted(waiting, key=lambda r: r.prompt_len - prefix_len(r))
+    def key(self, req: Req, prefix_len: int) -> int:
+        return req.prompt_len - prefix_len

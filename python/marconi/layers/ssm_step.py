@@ -86,6 +86,16 @@ class FusedParams(NamedTuple):
     norm_group: int  # channels per gated-RMSNorm group
     eps: float
 
+    def kernel_args(self) -> tuple[Any, ...]:
+        """The fused kernels' shared argument run, in their order: conv_w, conv_b, dt_bias,
+        a_neg, lo, hi, d_skip, norm_w, norm_group, eps (pointers, NULL for no conv bias)."""
+        conv_b = None if self.conv_b is None else self.conv_b.data_ptr()
+        return (
+            self.conv_w.data_ptr(), conv_b, self.dt_bias.data_ptr(), self.a_neg.data_ptr(),
+            *self.dt_limit, self.d_skip.data_ptr(), self.norm_w.data_ptr(), self.norm_group,
+            self.eps,
+        )  # fmt: skip
+
 
 def fused_applies(proj: torch.Tensor, conv_cache: torch.Tensor, ssm_cache: torch.Tensor) -> bool:
     """The fused kernel serves this step: fp32 contiguous CPU rows and pools, kernel built."""
@@ -97,10 +107,6 @@ def fused_applies(proj: torch.Tensor, conv_cache: torch.Tensor, ssm_cache: torch
         and applies(ssm_cache)
         and fused_kernel() is not None
     )
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def _check_fused(
@@ -142,12 +148,9 @@ def mamba2_decode_fused(
     work = torch.empty(bsz * (c + h), dtype=torch.float32)
     fn = fused_kernel()
     assert fn is not None, "mamba2_decode_fused called without the kernel (fused_applies)"
-    lo, hi = prm.dt_limit
     fn(
         proj.data_ptr(), proj.shape[1], conv_cache.data_ptr(), ssm_cache.data_ptr(),
-        slots.data_ptr(), bsz, h, p, n, prm.n_groups, km1 + 1,
-        prm.conv_w.data_ptr(), _ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
-        lo, hi, prm.d_skip.data_ptr(), prm.norm_w.data_ptr(), prm.norm_group, prm.eps,
+        slots.data_ptr(), bsz, h, p, n, prm.n_groups, km1 + 1, *prm.kernel_args(),
         work.data_ptr(), out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     return out
@@ -198,22 +201,21 @@ def mamba2_prefill_fused(
     t, inner = proj.shape[0], h * p
     _check_fused(proj, conv_cache, ssm_cache, prm, t)
     starts, fresh = meta.row_starts, meta.fresh
-    if int(starts[-1]) != t or fresh.dtype != torch.bool:
+    if int(starts[-1]) != t:
         raise ValueError(f"proj has {t} rows, the batch {int(starts[-1])}")
+    if fresh.dtype != torch.bool:  # the kernel reads one byte a request
+        raise ValueError(f"meta.fresh must be bool, got {fresh.dtype}")
     out = torch.empty(t, inner, dtype=torch.float32)
     work = torch.empty(t * (c + 2 * h) + meta.num_reqs * km1 * c, dtype=torch.float32)
     fn = prefill_kernel()
     assert fn is not None, "mamba2_prefill_fused called without the kernel (prefill_applies)"
-    lo, hi = prm.dt_limit
     rows = (meta.state_slots, starts, meta.tok_req)
     slots, starts, tok_req = (x.to(torch.long).contiguous() for x in rows)
     cap = [x.to(torch.long).contiguous() for x in (meta.cap_req, meta.cap_off, meta.cap_slot)]
     fn(
         proj.data_ptr(), proj.shape[1], conv_cache.data_ptr(), ssm_cache.data_ptr(),
         slots.data_ptr(), starts.data_ptr(), tok_req.data_ptr(), fresh.contiguous().data_ptr(),
-        meta.num_reqs, h, p, n, prm.n_groups, km1 + 1,
-        prm.conv_w.data_ptr(), _ptr(prm.conv_b), prm.dt_bias.data_ptr(), prm.a_neg.data_ptr(),
-        lo, hi, prm.d_skip.data_ptr(), prm.norm_w.data_ptr(), prm.norm_group, prm.eps,
+        meta.num_reqs, h, p, n, prm.n_groups, km1 + 1, *prm.kernel_args(),
         *(x.data_ptr() for x in cap), cap[0].numel(), work.data_ptr(), out.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
