@@ -3,16 +3,60 @@
 KV layout per attention layer: k/v [num_kv_slots, kv_heads, head_dim]; a token's K/V live in the
 slot the batch assigns to it. Each forward first writes the new tokens' K/V into their slots and
 then attends over the request's full slot list (cached prefix + new tokens), causally.
+
+Decode parts (one new token per request) of fp32 CPU batches read the pool in place through the
+C kernel ``csrc/paged_decode_attention.c`` (``MARCONI_DECODE_ATTENTION_KERNEL=0``: never); the
+rest gathers each request's K/V and runs torch's SDPA.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from marconi.layers.batch_meta import BatchMeta
+from marconi.layers.ckernel import CKernel
 from marconi.layers.linear import Linear
+
+DECODE_KERNEL = CKernel(
+    "paged_decode_attention.c",
+    "paged_decode_attention",
+    (*[ctypes.c_void_p] * 7, *[ctypes.c_long] * 5, ctypes.c_float, ctypes.c_long),
+    "MARCONI_DECODE_ATTENTION_KERNEL",
+    cflags=("-fopenmp",),
+)
+
+
+def decode_attention(
+    q: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+) -> torch.Tensor | None:
+    """Attention output [B, Hq, D] of a decode part (row b: request b's one new token, its K/V
+    already in the pool) by the C kernel, or None where it does not apply (not fp32 CPU, not a
+    decode part, no kernel): the caller then takes the torch path."""
+    if (
+        meta.max_new != 1
+        or q.dtype != torch.float32
+        or k_cache.dtype != torch.float32
+        or v_cache.dtype != torch.float32
+        or q.device.type != "cpu"
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+        or meta.kv_index.stride(1) != 1
+        or (fn := DECODE_KERNEL.get()) is None
+    ):
+        return None
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    lens, ok = meta.kv_len_tensor, torch.zeros(1, dtype=torch.int64)
+    b, hq, d = q.shape
+    fn(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), meta.kv_index.data_ptr(),
+        lens.data_ptr(), out.data_ptr(), ok.data_ptr(), b, hq, k_cache.shape[1], d,
+        meta.kv_index.stride(0), scale, torch.get_num_threads(),
+    )  # fmt: skip
+    return out if ok.item() else None
 
 
 class RotaryEmbedding(nn.Module):
@@ -110,6 +154,8 @@ class PagedAttention(nn.Module):
         """Attention output [T, Hq, D] of one part of the batch (its K/V already in the cache;
         ``k``/``v`` are its new tokens' own, used when it is one request with no prefix)."""
         gqa = self.num_heads != self.num_kv_heads
+        if (o := decode_attention(q, meta, k_cache, v_cache, self.scaling)) is not None:
+            return o
         if meta.num_reqs == 1 and meta.prefix_lens[0] == 0:
             o = F.scaled_dot_product_attention(
                 q.transpose(0, 1).unsqueeze(0),

@@ -143,6 +143,11 @@ class BatchMeta:
         return tuple(p + n for p, n in zip(self.prefix_lens, self.new_lens, strict=True))
 
     @cached_property
+    def kv_len_tensor(self) -> torch.Tensor:
+        """``kv_lens`` as a host int64 tensor [B] (built once per batch, read by kernels)."""
+        return torch.tensor(self.kv_lens, dtype=torch.int64)
+
+    @cached_property
     def attn_mask(self) -> torch.Tensor | None:
         """Bool [B, 1, Lq_max, Lk_max] (True = attend), or None when plain causal suffices."""
         b = self.num_reqs

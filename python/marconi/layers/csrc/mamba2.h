@@ -1,31 +1,13 @@
 /* Per-element pieces shared by the Mamba-2 kernels (mamba2_decode_step.c, mamba2_prefill.c):
- * SiLU on a vectorisable exp, dt's softplus + clamp, and the gate + grouped RMSNorm that ends
- * the mixer. Included once per kernel source; everything is static inline. */
+ * SiLU on the vectorisable exp of exp_vec.h, dt's softplus + clamp, and the gate + grouped
+ * RMSNorm that ends the mixer. Included once per kernel source; everything is static inline. */
 #ifndef MARCONI_MAMBA2_H
 #define MARCONI_MAMBA2_H
 #include <math.h>
 
-#define LANES 16
+#include "exp_vec.h"
 
-/* exp(x) in plain arithmetic (no libm call), so that loops over it vectorise: x = n ln2 + r,
- * |r| <= ln2 / 2, exp(r) by Cephes' degree-7 polynomial, 2^n by the exponent bits; within
- * 2 ulp of expf on [-87, 88]; x is clamped there (+-inf give NaN: only SiLU uses it). */
-static inline float exp_vec(float x) {
-    x += (float)(x < -87.0f) * (-87.0f - x); /* a clamp written so that it vectorises */
-    x += (float)(x > 88.0f) * (88.0f - x);
-    const int n = (int)(x * 1.44269504089f + __builtin_copysignf(0.5f, x));
-    const float r = x - (float)n * 0.693359375f + (float)n * 2.12194440e-4f;
-    float q = 1.9875691500e-4f;
-    q = q * r + 1.3981999507e-3f;
-    q = q * r + 8.3334519073e-3f;
-    q = q * r + 4.1665795894e-2f;
-    q = q * r + 1.6666665459e-1f;
-    q = q * r + 5.0000001201e-1f;
-    const int bits = (n + 127) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, sizeof scale);
-    return (1.0f + r + r * r * q) * scale;
-}
+#define LANES 16
 
 static inline float silu(float v) { return v / (1.0f + exp_vec(-v)); }
 
