@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from marconi.layers import build_batch_meta
-from marconi.layers.linear import PACKED_MIN_ROWS, Linear, packed_linear_enabled
+from marconi.layers.linear import SKINNY_ROWS, Linear, packed_linear_enabled
 from marconi.models import SequenceInput
 
 
 def test_packed_linear_matches_f_linear_and_follows_weight_updates() -> None:
     g = torch.Generator().manual_seed(0)
     lin = Linear(48, 40, bias=True)
-    x = torch.randn(PACKED_MIN_ROWS + 5, 48, generator=g)
+    x = torch.randn(SKINNY_ROWS[1] + 5, 48, generator=g)  # past the decode kernels
     with torch.no_grad():
         for _ in range(2):  # second round: new weights must invalidate the packed copy
             lin.weight.copy_(torch.randn(40, 48, generator=g))

@@ -8,6 +8,9 @@
   ``marconi.layers.small_m`` when it is enabled (``small_m.set_enabled``; the engine's runner
   enables it only where OpenMP threads sleep at barriers, ``marconi.engine.runner``), which
   then streams the weight faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0``: never).
+- Decode batches of ``SKINNY_ROWS`` rows (4-16): the C kernel ``csrc/skinny_linear.c`` on
+  torch's OpenMP threads, which streams the weight 13-25% faster than the packed path there
+  (``MARCONI_SKINNY_LINEAR=0``: never).
 
 Everything else (and any case either path does not cover) is `F.linear`.
 
@@ -19,6 +22,7 @@ turns it off. Parameter names and shapes are exactly `nn.Linear`'s.
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from marconi.layers import small_m
+from marconi.layers.ckernel import CKernel
 
 #: smallest number of rows (tokens) routed to the packed oneDNN kernel (from 4 rows on it beats
 #: sgemm on this project's CPU, weights streamed from memory: 465 vs 823 us at 4 rows, 593 vs
@@ -33,6 +38,32 @@ from marconi.layers import small_m
 PACKED_MIN_ROWS = int(os.environ.get("MARCONI_PACKED_MIN_ROWS", "4"))
 
 _enabled = os.environ.get("MARCONI_PACKED_LINEAR", "1") != "0"
+
+#: rows (inclusive range) sent to the skinny kernel: decode batches, where it streams the weight
+#: faster than the packed path (measured at 4-12 rows, docs/performance.md); 1-3 rows tie sgemm
+SKINNY_ROWS = (4, 16)
+
+SKINNY = CKernel(
+    "skinny_linear.c",
+    "skinny_linear",
+    (*[ctypes.c_void_p] * 4, *[ctypes.c_long] * 4),
+    "MARCONI_SKINNY_LINEAR",
+    cflags=("-fopenmp",),
+)
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear(x, w, b)`` by the skinny kernel for contiguous fp32 CPU tensors (the caller
+    checks), or None without the kernel."""
+    fn = SKINNY.get()
+    if fn is None:
+        return None
+    y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
+    fn(
+        x.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(),
+        x.shape[0], w.shape[0], x.shape[1], torch.get_num_threads(),
+    )  # fmt: skip
+    return y
 
 
 def _packed_available() -> bool:
@@ -74,13 +105,17 @@ class Linear(nn.Linear):
         ):
             rows = x.shape[0]
             b = self.bias
-            if (
-                1 <= rows <= small_m.MAX_ROWS
-                and w.is_contiguous()
-                and (b is None or (b.dtype == torch.float32 and b.is_contiguous()))
-                and small_m.enabled()
-            ):
+            plain = w.is_contiguous() and (
+                b is None or (b.dtype == torch.float32 and b.is_contiguous())
+            )
+            if plain and 1 <= rows <= small_m.MAX_ROWS and small_m.enabled():
                 return small_m.small_m_linear(x.contiguous(), w, b)
+            if (
+                plain
+                and SKINNY_ROWS[0] <= rows <= SKINNY_ROWS[1]
+                and (y := skinny_linear(x.contiguous(), w, b)) is not None
+            ):
+                return y
             if rows >= PACKED_MIN_ROWS and packed_linear_enabled():
                 return torch.ops.mkldnn._linear_pointwise(
                     x.contiguous(), self._packed_weight(), self.bias, "none", [], ""
