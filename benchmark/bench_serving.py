@@ -238,8 +238,8 @@ def run_launched(
     args: argparse.Namespace, sessions: list[list[Turn]]
 ) -> tuple[dict[str, dict], dict[str, list[float]]]:
     """Every ``--launch`` server at every ``--concurrency`` level, ``--rounds`` interleaved
-    replays each (so drifting machine load hits all alike), percentiles pooled per (server,
-    level); also each one's TTFT P95 per round. Runs are named ``server`` or ``server @C``."""
+    replays each in rotating order (so drifting machine load hits all alike), percentiles
+    pooled per (server, level); also each one's TTFT P95 per round. Runs are named ``server`` or ``server @C``."""
     names = args.launch.split(",")
     up: dict[str, Server] = {}
     pooled: dict[str, list[Result]] = {}
@@ -256,7 +256,8 @@ def run_launched(
     try:
         for level in args.levels:
             for rnd in range(args.rounds):
-                for name in names:
+                k = rnd % len(names)  # rotate who goes first: no server always follows another
+                for name in names[k:] + names[:k]:
                     run = name if level is None else f"{name} @{level}"
                     args.base_url = server(name).url
                     args.concurrency = level
