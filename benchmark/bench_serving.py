@@ -239,7 +239,8 @@ def run_launched(
 ) -> tuple[dict[str, dict], dict[str, list[float]]]:
     """Every ``--launch`` server at every ``--concurrency`` level, ``--rounds`` interleaved
     replays each in rotating order (so drifting machine load hits all alike), percentiles
-    pooled per (server, level); also each one's TTFT P95 per round. Runs are named ``server`` or ``server @C``."""
+    pooled per (server, level); also each one's TTFT P95 per round. Runs are named ``server``
+    or ``server @C``."""
     names = args.launch.split(",")
     up: dict[str, Server] = {}
     pooled: dict[str, list[Result]] = {}
