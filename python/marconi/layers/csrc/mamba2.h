@@ -1,11 +1,11 @@
 /* Per-element pieces shared by the Mamba-2 kernels (mamba2_decode_step.c, mamba2_prefill.c):
- * SiLU on the vectorisable exp of exp_vec.h, dt's softplus + clamp, and the gate + grouped
+ * SiLU on the vectorisable exp of vec_math.h, dt's softplus + clamp, and the gate + grouped
  * RMSNorm that ends the mixer. Included once per kernel source; everything is static inline. */
 #ifndef MARCONI_MAMBA2_H
 #define MARCONI_MAMBA2_H
 #include <math.h>
 
-#include "exp_vec.h"
+#include "vec_math.h"
 
 #define LANES 16
 
@@ -24,10 +24,7 @@ static inline void gated_norm_row(float *y, const float *x, const float *z, cons
                                   const float *norm_w, long inner, long norm_group, float eps) {
     for (long j = 0; j < inner; j++) y[j] = (y[j] + x[j] * d_skip[j]) * silu(z[j]);
     for (long g0 = 0; g0 < inner; g0 += norm_group) {
-        float acc[LANES] = {0.0f};
-        for (long j = 0; j < norm_group; j++) acc[j % LANES] += y[g0 + j] * y[g0 + j];
-        float ss = 0.0f;
-        for (int j = 0; j < LANES; j++) ss += acc[j];
+        const float ss = dot_lanes(y + g0, y + g0, 0, norm_group);
         const float rs = 1.0f / sqrtf(ss / (float)norm_group + eps);
         for (long j = g0; j < g0 + norm_group; j++) y[j] = y[j] * rs * norm_w[j];
     }

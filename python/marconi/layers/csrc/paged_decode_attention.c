@@ -10,28 +10,15 @@
  * KV head) pair reads its rows in place once for the scores and once for the values, its group
  * of query heads together, on torch's OpenMP threads (serial below 64K multiply-adds).
  *
- * fp32 in and out; dot products in 16 partial sums, softmax by max-subtracted exp_vec (within
- * 2 ulp of expf), so results differ from torch's only by summation order.
+ * fp32 in and out; dot products in 16 partial sums (dot_lanes), softmax by max-subtracted
+ * exp_vec (within 2 ulp of expf), so results differ from torch's only by summation order.
  */
 #ifdef MARCONI_PYEXT
 #include "pyext.h" /* first: Python.h must precede system headers */
 #endif
 #include <stdlib.h>
 
-#include "exp_vec.h"
-
-#define LANES 16
-
-static inline float dot(const float *a, const float *b, long n) {
-    float acc[LANES] = {0.0f};
-    long e = 0;
-    for (; e + LANES <= n; e += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += a[e + l] * b[e + l];
-    for (; e < n; e++) acc[0] += a[e] * b[e];
-    float s = 0.0f;
-    for (int l = 0; l < LANES; l++) s += acc[l];
-    return s;
-}
+#include "vec_math.h"
 
 /* one (request, KV head) pair: `group` query heads at q/out, scores scratch of group * len */
 static void attend_pair(const float *q, const float *k_cache, const float *v_cache,
@@ -39,7 +26,8 @@ static void attend_pair(const float *q, const float *k_cache, const float *v_cac
                         float scale, float *scores, float *out) {
     for (long j = 0; j < len; j++) {
         const float *kr = k_cache + (slots[j] * hk + h) * d;
-        for (long g = 0; g < group; g++) scores[g * len + j] = scale * dot(q + g * d, kr, d);
+        for (long g = 0; g < group; g++)
+            scores[g * len + j] = scale * dot_lanes(q + g * d, kr, 0, d);
     }
     for (long g = 0; g < group; g++) {
         float *s = scores + g * len, m = s[0], sum = 0.0f;

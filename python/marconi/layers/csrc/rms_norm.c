@@ -2,7 +2,7 @@
  *
  * torch's fused rms_norm dispatches five ops per call (~50 us for one row of a few hundred
  * floats on our CPU); a decode step of a hybrid model calls it once or twice per layer. fp32 in
- * and out, the sum of squares in 16 partial sums (the compiler vectorises them), so results
+ * and out, the sum of squares in 16 partial sums (dot_lanes, vec_math.h), so results
  * differ from torch's only by summation order.
  */
 #ifdef MARCONI_PYEXT
@@ -10,19 +10,12 @@
 #endif
 #include <math.h>
 
-#define LANES 16
+#include "vec_math.h"
 
 void rms_norm_rows(const float *x, const float *w, float *y, long rows, long dim, float eps) {
     for (long i = 0; i < rows; i++, x += dim, y += dim) {
-        float acc[LANES] = {0.0f};
-        long j = 0;
-        for (; j + LANES <= dim; j += LANES)
-            for (int l = 0; l < LANES; l++) acc[l] += x[j + l] * x[j + l];
-        for (; j < dim; j++) acc[j % LANES] += x[j] * x[j];
-        float ss = 0.0f;
-        for (int l = 0; l < LANES; l++) ss += acc[l];
-        const float r = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (j = 0; j < dim; j++) y[j] = x[j] * r * w[j];
+        const float r = 1.0f / sqrtf(dot_lanes(x, x, 0, dim) / (float)dim + eps);
+        for (long j = 0; j < dim; j++) y[j] = x[j] * r * w[j];
     }
 }
 

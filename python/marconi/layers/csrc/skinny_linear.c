@@ -16,20 +16,10 @@
 #include <immintrin.h>
 #endif
 
+#include "vec_math.h"
+
 #define RB 4 /* weight rows per block */
 #define MT 4 /* input rows per register tile */
-
-/* sum_{c0 <= c < k} a[c] b[c] in 16 partial sums (which compilers vectorise) */
-static float dot_tail(const float *a, const float *b, long c0, long k) {
-    float acc[16] = {0.0f};
-    long c = c0;
-    for (; c + 16 <= k; c += 16)
-        for (int j = 0; j < 16; j++) acc[j] += a[c + j] * b[c + j];
-    for (; c < k; c++) acc[c % 16] += a[c] * b[c];
-    float s = 0.0f;
-    for (int j = 0; j < 16; j++) s += acc[j];
-    return s;
-}
 
 /* y for weight rows r .. r + RB - 1 and input rows m0 .. m0 + mt - 1 (mt <= MT) */
 static void tile(const float *x, const float *w, const float *bias, float *y, long n, long k,
@@ -58,7 +48,7 @@ static void tile(const float *x, const float *w, const float *bias, float *y, lo
 #else
             float s = 0.0f;
 #endif
-            s += dot_tail(wr, xr, c, k);
+            s += dot_lanes(wr, xr, c, k);
             y[(m0 + i) * n + r + a] = s + (bias ? bias[r + a] : 0.0f);
         }
 }
@@ -74,7 +64,7 @@ void skinny_linear(const float *x, const float *w, const float *bias, float *y, 
             tile(x, w, bias, y, n, k, b * RB, m0, m - m0 < MT ? m - m0 : MT);
     for (long r = blocks * RB; r < n; r++) /* the last n % RB weight rows */
         for (long i = 0; i < m; i++)
-            y[i * n + r] = dot_tail(w + r * k, x + i * k, 0, k) + (bias ? bias[r] : 0.0f);
+            y[i * n + r] = dot_lanes(w + r * k, x + i * k, 0, k) + (bias ? bias[r] : 0.0f);
 }
 
 #ifdef MARCONI_PYEXT

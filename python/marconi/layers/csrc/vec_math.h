@@ -1,6 +1,8 @@
-/* exp_vec: an exp that vectorises, shared by the kernels (Mamba-2 SiLU, attention softmax). */
-#ifndef MARCONI_EXP_VEC_H
-#define MARCONI_EXP_VEC_H
+/* Arithmetic shared by the kernels, written so that compilers vectorise it: exp_vec (Mamba-2
+ * SiLU, attention softmax) and dot_lanes (attention scores, RMSNorm, the skinny linear's tails).
+ * Everything is static inline. */
+#ifndef MARCONI_VEC_MATH_H
+#define MARCONI_VEC_MATH_H
 
 /* exp(x) in plain arithmetic (no libm call), so that loops over it vectorise: x = n ln2 + r,
  * |r| <= ln2 / 2, exp(r) by Cephes' degree-7 polynomial, 2^n by the exponent bits; within
@@ -20,5 +22,17 @@ static inline float exp_vec(float x) {
     float scale;
     __builtin_memcpy(&scale, &bits, sizeof scale);
     return (1.0f + r + r * r * q) * scale;
+}
+
+/* sum_{c0 <= c < k} a[c] b[c] in 16 partial sums (the compiler vectorises them), then added */
+static inline float dot_lanes(const float *a, const float *b, long c0, long k) {
+    float acc[16] = {0.0f};
+    long c = c0;
+    for (; c + 16 <= k; c += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[c + j] * b[c + j];
+    for (; c < k; c++) acc[c % 16] += a[c] * b[c];
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) s += acc[j];
+    return s;
 }
 #endif
