@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import platform
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
+from marconi.layers.ckernel import CKernel
 from marconi.models import ForwardBatch, HybridForCausalLM, HybridMemory, SequenceInput
+
+
+def portable_build(kernel: CKernel, folder: Path) -> Any:
+    """``kernel`` compiled into ``folder`` without AVX-512 intrinsics (its portable C path; on
+    other CPUs the path is portable anyway) and loaded."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "CI machines have a C compiler"
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    out = kernel.compile(cc, folder / "portable.so", ("-mno-avx512f",) if x86 else ())
+    return kernel.load(out)
 
 
 def prefill(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import platform
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from marconi.layers import linear, small_m
 from marconi.layers.linear import SKINNY, SKINNY_ROWS, Linear, skinny_linear
+from model_helpers import portable_build
 
 
 def test_kernel_builds_where_a_c_compiler_exists() -> None:
@@ -23,10 +21,7 @@ def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """The kernel as built for this CPU, and its portable C path (no AVX-512 intrinsics)."""
     if request.param == "native":
         return SKINNY.get()
-    cc = shutil.which("cc") or shutil.which("gcc")
-    out = tmp_path_factory.mktemp("kernel") / "portable.so"
-    x86 = platform.machine().lower() in ("x86_64", "amd64")  # elsewhere the C path is portable
-    return SKINNY.load(SKINNY.compile(cc, out, ("-mno-avx512f",) if x86 else ()))
+    return portable_build(SKINNY, tmp_path_factory.mktemp("kernel"))
 
 
 @settings(max_examples=60, deadline=None)

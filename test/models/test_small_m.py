@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from marconi.layers import small_m
 from marconi.layers.linear import Linear
+from model_helpers import portable_build
 
 
 def test_kernel_builds_where_a_c_compiler_exists() -> None:
@@ -26,11 +26,7 @@ def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if request.param == "native":
         assert small_m.available()
         return None  # small_m_linear's own build
-    cc = shutil.which("cc") or shutil.which("gcc")
-    out = tmp_path_factory.mktemp("kernel") / "portable.so"
-    x86 = platform.machine().lower() in ("x86_64", "amd64")  # elsewhere the C path is portable
-    flags = ("-mno-avx512f",) if x86 else ()
-    return small_m.KERNEL.load(small_m.KERNEL.compile(cc, out, flags))
+    return portable_build(small_m.KERNEL, tmp_path_factory.mktemp("kernel"))
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
