@@ -151,9 +151,11 @@ class ServerHandle:
         from marconi.server.api import create_app
 
         t0 = time.perf_counter()
-        engine = Engine(engine_config)
         interval = args.heap_trim_interval
-        self.engine = AsyncEngine(engine, HeapTrimmer(interval) if interval > 0 else None)
+        trimmer = HeapTrimmer(interval) if interval > 0 else None
+        self.engine = AsyncEngine(lambda: Engine(engine_config), trimmer)
+        self.engine.start()  # builds the engine on its own thread (async_engine's docstring)
+        engine = self.engine.engine
         name = args.served_model_name or engine_config.model
         self.limits = limits or Limits()
         template = ChatTemplate.for_model(engine.model_path)
@@ -169,7 +171,6 @@ class ServerHandle:
             timeout_graceful_shutdown=int(args.drain_timeout) + 10,  # backstop of stop()'s
         )
         self.server = uvicorn.Server(config)
-        self.engine.start()
         self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self._thread.start()
         while not self.server.started:

@@ -4,6 +4,15 @@ The engine thread is the only one that touches the engine; other threads send it
 (add, abort, call) through a queue and get results through per-request ``asyncio.Queue``s.
 When idle it blocks on the command queue (no busy loop).
 
+The engine thread also *builds* the engine (``start`` waits for it), so that it is the only
+thread of the server that runs parallel torch ops. GNU OpenMP keeps a pool of worker threads
+for every thread that ever ran a parallel region, and once it manages more threads than there
+are CPUs it spins ~1,000 times instead of ``GOMP_SPINCOUNT`` at a barrier (its "throttled"
+spin), so every parallel region wakes sleeping workers. Loading the model on the main thread
+and stepping on this one did exactly that on a 2-core machine: 4-row decode steps of the
+``small`` model 47-48 ms vs 37-40 ms, 256-token prefill steps 360 vs 305 ms
+(docs/performance.md).
+
 Faults: the engine fails a faulty request alone (``Engine.step``); should a step still raise,
 every request in flight fails with ``finish_reason="error"`` and the thread keeps serving.
 ``num_queued()`` (requests submitted but not yet admitted) is what the server bounds with
@@ -38,8 +47,10 @@ class AsyncEngine:
     from the returned queue until one has ``finished``; ``abort`` frees a request wherever it
     is; ``call(fn)`` runs ``fn(engine)`` between steps (consistent snapshots, checks)."""
 
-    def __init__(self, engine: Engine, trimmer: HeapTrimmer | None = None) -> None:
-        self.engine = engine
+    def __init__(self, build: Callable[[], Engine], trimmer: HeapTrimmer | None = None) -> None:
+        self._build = build
+        self._built: concurrent.futures.Future[Engine] = concurrent.futures.Future()
+        self.engine: Engine  # built on the engine thread; set by start()
         self.trimmer = trimmer
         self._cmds: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -50,7 +61,10 @@ class AsyncEngine:
         self._running = 0  # admitted, as of the last step (published by the engine thread)
 
     def start(self) -> None:
+        """Start the engine thread and wait until it has built the engine; re-raises what the
+        build raised."""
         self._thread.start()
+        self._built.result()
 
     def shutdown(self, timeout: float = 10.0) -> str | None:
         """Stop the engine thread, end whatever is still in flight (``"shutdown"``), and check
@@ -97,6 +111,12 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        try:
+            self.engine = self._build()
+            self._built.set_result(self.engine)
+        except BaseException as e:
+            self._built.set_exception(e)
+            return
         while not self._stop.is_set():
             idle = not self.engine.has_unfinished()
             if self.trimmer is not None:
