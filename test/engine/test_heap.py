@@ -17,18 +17,21 @@ class Clock:
         return self.now
 
 
-def test_trimmer_trims_once_idle_after_serving_at_most_every_interval() -> None:
+def test_trimmer_trims_once_settled_idle_after_serving_at_most_every_interval() -> None:
     clock = Clock()
-    t = HeapTrimmer(5.0, clock=clock)
+    t = HeapTrimmer(5.0, settle=1.0, clock=clock)
     clock.now = 10
     assert not t.tick(busy=False)  # nothing served since it started: nothing to give back
     assert not t.tick(busy=True)  # never while requests are in flight
+    clock.now = 10.5
+    assert not t.tick(busy=False)  # idle for less than settle: the next request may be close
+    clock.now = 11
     assert t.tick(busy=False) and t.trims == 1
     assert not t.tick(busy=False)  # idle again: nothing new to give back
     t.tick(busy=True)
-    clock.now = 12
+    clock.now = 13
     assert not t.tick(busy=False)  # under the interval since the last trim
-    clock.now = 15
+    clock.now = 16
     assert t.tick(busy=False) and t.trims == 2
     assert t.report()["trims"] == 2 and t.report()["interval_s"] == 5.0
     with pytest.raises(ValueError):

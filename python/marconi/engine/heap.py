@@ -6,10 +6,11 @@ chunks, batch activations, logits) keeps its peak transient footprint resident a
 the soak (``benchmark/soak.py``, docs/serving.md) measured 350 MB of free arena bytes against
 270 MB in use, reached during warm-up and then flat (so not a leak, but RSS that steps up when
 a heavier load meets a new peak). ``malloc_trim(0)`` gives those pages back (it calls ``madvise`` on
-free pages and moves no live data). ``HeapTrimmer`` calls it from the engine thread when
-the engine has gone idle after serving, at most every ``interval`` seconds: never while
-requests are in flight, so it costs no step time (the pages it returns would be faulted back
-in by the next steps). ``heap_stats`` is what ``GET /debug/memory`` reports.
+free pages and moves no live data). ``HeapTrimmer`` calls it from the engine thread once the
+engine has been idle for ``settle`` seconds after serving, at most every ``interval`` seconds:
+never while requests are in flight, and not in the gap between back-to-back requests, where
+the next request would wait for the trim and then fault the same pages back in.
+``heap_stats`` is what ``GET /debug/memory`` reports.
 
 Without glibc (musl, macOS) ``heap_stats`` has no heap figures and trimming is a no-op.
 """
@@ -97,16 +98,19 @@ def malloc_trim() -> bool:
 
 
 class HeapTrimmer:
-    """Calls ``malloc_trim(0)`` once the engine is idle after serving (not again until steps
-    ran), at most every ``interval`` seconds. The engine thread calls ``tick`` on every pass
-    of its loop; ``trims`` and ``released_mb`` (RSS given back, summed) are reported by
-    ``/debug/memory``."""
+    """Calls ``malloc_trim(0)`` once the engine has been idle for ``settle`` seconds after
+    serving (not again until steps ran), at most every ``interval`` seconds. The engine thread
+    calls ``tick`` on every pass of its loop (an idle loop passes at least once a second);
+    ``trims`` and ``released_mb`` (RSS given back, summed) are reported by ``/debug/memory``."""
 
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float, settle: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if interval <= 0:
             raise ValueError("the trim interval must be > 0 seconds (0 means: no trimmer)")
-        self.interval, self.clock = interval, clock
+        self.interval, self.settle, self.clock = interval, settle, clock
         self.last = -math.inf  # the first trim may come at once
+        self.busy_at = -math.inf  # when requests were last in flight
         self.dirty = False  # steps ran since the last trim
         self.trims = 0
         self.released_mb = 0.0
@@ -114,11 +118,11 @@ class HeapTrimmer:
 
     def tick(self, busy: bool) -> bool:
         """``busy``: requests are in flight. Trims if due; True if it did."""
-        if busy:
-            self.dirty = True
-            return False
         now = self.clock()
-        if not self.dirty or now - self.last < self.interval:
+        if busy:
+            self.dirty, self.busy_at = True, now
+            return False
+        if not self.dirty or now - self.busy_at < self.settle or now - self.last < self.interval:
             return False
         before, t0 = rss_mb(), time.perf_counter()
         malloc_trim()
