@@ -19,7 +19,7 @@ import statistics
 
 import httpx
 from bench_serving import build_sessions, send
-from servers import launch
+from servers import launch, wait_quiet
 
 
 async def burst(args: argparse.Namespace, url: str, prompts: list[str], salt: str) -> list[float]:
@@ -55,6 +55,7 @@ def main() -> None:
             asyncio.run(burst(args, up[n].url, prompts[:2], "[warm-up] "))
         for r in range(args.rounds):
             for n in names:
+                wait_quiet()
                 ttft = asyncio.run(burst(args, up[n].url, prompts, f"[burst {r + 1}] "))
                 last[n].append(ttft[-1])
                 print(f"round {r + 1} {n}: {' '.join(f'{t:.0f}' for t in ttft)} ms", flush=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
-from servers import VLLM_NAMES, Server, launch
+from servers import VLLM_NAMES, Server, launch, wait_quiet
 
 
 @dataclass(frozen=True)
@@ -263,6 +263,7 @@ def run_launched(
                     args.base_url = server(name).url
                     args.concurrency = level
                     salt = "" if args.fresh_servers else f"[c{level} round {rnd + 1}] "
+                    wait_quiet()  # the previous server's round has ended (servers.wait_quiet)
                     results, duration = asyncio.run(bench(args, sessions, salt))
                     if args.fresh_servers:
                         up.pop(name).stop()

