@@ -181,7 +181,8 @@ class ServerHandle:
             time.sleep(0.02)
         # The model, tokenizer, app and imports (~290k objects for `small`) live as long as the
         # server: a full collection walked them in 70-110 ms, stalling the engine thread (5 in a
-        # 3-round replay); frozen, collections see only what serving allocates. stop() thaws.
+        # 3-round replay); frozen, collections see only what serving allocates. stop() thaws,
+        # process-wide: two servers in one process (tests) share one frozen generation.
         gc.collect()
         gc.freeze()
         log.info(
