@@ -19,7 +19,7 @@ import statistics
 
 import httpx
 from bench_serving import build_sessions, send
-from servers import launch, wait_quiet
+from servers import launch, round_order, wait_quiet
 
 
 async def burst(args: argparse.Namespace, url: str, prompts: list[str], salt: str) -> list[float]:
@@ -54,7 +54,7 @@ def main() -> None:
         for n in names:
             asyncio.run(burst(args, up[n].url, prompts[:2], "[warm-up] "))
         for r in range(args.rounds):
-            for n in names:
+            for n in round_order(names, r):
                 wait_quiet()
                 ttft = asyncio.run(burst(args, up[n].url, prompts, f"[burst {r + 1}] "))
                 last[n].append(ttft[-1])

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
-from servers import VLLM_NAMES, Server, launch, wait_quiet
+from servers import VLLM_NAMES, Server, launch, round_order, wait_quiet
 
 
 @dataclass(frozen=True)
@@ -238,9 +238,9 @@ def run_launched(
     args: argparse.Namespace, sessions: list[list[Turn]]
 ) -> tuple[dict[str, dict], dict[str, list[float]]]:
     """Every ``--launch`` server at every ``--concurrency`` level, ``--rounds`` interleaved
-    replays each in rotating order (so drifting machine load hits all alike), percentiles
-    pooled per (server, level); also each one's TTFT P95 per round. Runs are named ``server``
-    or ``server @C``."""
+    replays each (in ``servers.round_order``: drifting machine load and whatever one server's
+    round leaves behind hit all alike), percentiles pooled per (server, level); also each
+    one's TTFT P95 per round. Runs are named ``server`` or ``server @C``."""
     names = args.launch.split(",")
     up: dict[str, Server] = {}
     pooled: dict[str, list[Result]] = {}
@@ -257,8 +257,7 @@ def run_launched(
     try:
         for level in args.levels:
             for rnd in range(args.rounds):
-                k = rnd % len(names)  # rotate who goes first: no server always follows another
-                for name in names[k:] + names[:k]:
+                for name in round_order(names, rnd):
                     run = name if level is None else f"{name} @{level}"
                     args.base_url = server(name).url
                     args.concurrency = level

@@ -103,6 +103,15 @@ def launch(name: str, server_args: str, timeout: float = 600, log: Path | None =
     raise RuntimeError(f"server {name} did not start (exit {proc.poll()}): {' '.join(cmd)}")
 
 
+def round_order(names: list[str], rnd: int) -> list[str]:
+    """The order servers run in round ``rnd`` of an interleaved benchmark: ``names`` in even
+    rounds, the first then the rest reversed in odd ones. Over each pair of rounds of three
+    servers every server follows each other server once (a carry-over balanced chain: a plain
+    rotation has one server follow the same peer in two rounds of three), so whatever a round
+    leaves behind on the machine is spread evenly."""
+    return list(names) if rnd % 2 == 0 else [names[0], *names[:0:-1]]
+
+
 def _busy_and_total() -> tuple[int, int]:
     """Busy and total jiffies of all CPUs since boot (``/proc/stat``; (0, 0) without it)."""
     try:

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 MODELS=${MODELS:-tiny small}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-4}
 OUT=${OUT:-results/vs_vllm}
 mkdir -p "$OUT"
 {
