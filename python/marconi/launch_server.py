@@ -57,6 +57,9 @@ _HELP = {
     "drain_timeout": "seconds in-flight requests get to finish after SIGTERM/SIGINT",
     "heap_trim_interval": "when idle after serving, give freed heap back to the OS "
     "(malloc_trim) at most this often, seconds (0: never)",
+    "burst_wait_ms": "when a request wakes the idle engine, wait until none has arrived for "
+    "this long (at most 5x in all) before the first step, so that simultaneous requests are "
+    "scheduled together (0: step at once)",
     "api_key": f"require 'Authorization: Bearer KEY' on /v1/* and /debug/* (or set ${API_KEY_ENV})",
     "max_queued_requests": "requests waiting for admission beyond which a new one gets 503",
     "max_request_bytes": "largest request body (413 beyond)",
@@ -82,6 +85,7 @@ class ServerArgs:
     num_threads: int | None = None
     drain_timeout: float = 30.0
     heap_trim_interval: float = 10.0
+    burst_wait_ms: float = 4.0
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -154,7 +158,8 @@ class ServerHandle:
         t0 = time.perf_counter()
         interval = args.heap_trim_interval
         trimmer = HeapTrimmer(interval) if interval > 0 else None
-        self.engine = AsyncEngine(lambda: Engine(engine_config), trimmer)
+        wait = args.burst_wait_ms / 1e3
+        self.engine = AsyncEngine(lambda: Engine(engine_config), trimmer, burst_wait=wait)
         self.engine.start()  # builds the engine on its own thread (async_engine's docstring)
         engine = self.engine.engine
         name = args.served_model_name or engine_config.model

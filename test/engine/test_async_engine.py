@@ -54,3 +54,38 @@ def test_a_failed_build_fails_start() -> None:
     front = AsyncEngine(build)
     with pytest.raises(ValueError, match="no such model"):
         front.start()
+
+
+def test_a_burst_that_wakes_the_idle_engine_is_stepped_together() -> None:
+    """With ``burst_wait``, requests that arrive within it of each other share the first step
+    (the first alone would otherwise prefill alone: the module docstring)."""
+    admitted: list[int] = []
+
+    def build() -> Engine:
+        engine = Engine(EngineConfig(model="tiny", cache_memory="64MB"))
+        step = engine.step
+
+        def traced_step():  # type: ignore[no-untyped-def]
+            out = step()
+            admitted.append(len(engine.scheduler.running) + sum(o.finished for o in out))
+            return out
+
+        engine.step = traced_step  # type: ignore[method-assign]
+        return engine
+
+    front = AsyncEngine(build, burst_wait=0.5)
+    front.start()
+
+    async def burst() -> None:
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        queues = []
+        for text in (b"one", b"two two", b"three three three"):
+            queues.append(front.submit(front.engine.make_request(list(text), params)))
+            await asyncio.sleep(0.05)  # well within burst_wait of the previous one
+        for q in queues:
+            while not (await q.get()).finished:
+                pass
+
+    asyncio.run(burst())
+    assert admitted[0] == 3
+    assert front.shutdown() is None

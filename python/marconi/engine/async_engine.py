@@ -18,6 +18,13 @@ every request in flight fails with ``finish_reason="error"`` and the thread keep
 ``num_queued()`` (requests submitted but not yet admitted) is what the server bounds with
 ``--max-queued-requests``. With a ``HeapTrimmer`` the thread also gives glibc's free heap
 back to the OS when it goes idle (``marconi.engine.heap``; ``--heap-trim-interval``).
+
+Bursts: a request that wakes the idle thread is not stepped at once when ``burst_wait`` > 0;
+the thread keeps taking requests until none has come for ``burst_wait`` seconds (at most
+``BURST_WAIT_LIMIT`` times that in all). Simultaneous requests reach the engine over several
+milliseconds (each is parsed and tokenized on the event loop, which also competes for the CPUs
+with a step once one runs); without the wait the first one's prefill runs alone, whatever its
+length, and the rest queue behind it, out of the schedule policy's order.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,6 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("marconi.engine")
 T = TypeVar("T")
+#: a burst is taken for at most this many ``burst_wait`` periods in all
+BURST_WAIT_LIMIT = 5
 
 
 class AsyncEngine:
@@ -47,8 +57,14 @@ class AsyncEngine:
     from the returned queue until one has ``finished``; ``abort`` frees a request wherever it
     is; ``call(fn)`` runs ``fn(engine)`` between steps (consistent snapshots, checks)."""
 
-    def __init__(self, build: Callable[[], Engine], trimmer: HeapTrimmer | None = None) -> None:
+    def __init__(
+        self,
+        build: Callable[[], Engine],
+        trimmer: HeapTrimmer | None = None,
+        burst_wait: float = 0.0,
+    ) -> None:
         self._build = build
+        self.burst_wait = burst_wait
         self._built: concurrent.futures.Future[Engine] = concurrent.futures.Future()
         self.engine: Engine  # built on the engine thread; set by start()
         self.trimmer = trimmer
@@ -129,6 +145,8 @@ class AsyncEngine:
                 pass
             if not self.engine.has_unfinished():
                 continue
+            if idle and self.burst_wait > 0:
+                self._take_burst()
             try:
                 outs = self.engine.step()
             except Exception:
@@ -137,6 +155,15 @@ class AsyncEngine:
             self._running = len(self.engine.scheduler.running)
             for out in outs:
                 self._deliver(out)
+
+    def _take_burst(self) -> None:
+        """Take commands until none has come for ``burst_wait`` s (module docstring)."""
+        deadline = time.monotonic() + BURST_WAIT_LIMIT * self.burst_wait
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self._handle(*self._cmds.get(timeout=min(self.burst_wait, left)))
+            except queue.Empty:
+                return
 
     def _handle(self, kind: str, arg: Any) -> None:
         if kind == "add":
