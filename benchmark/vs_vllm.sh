@@ -3,7 +3,7 @@
 # flight, interleaved rounds, pooled percentiles and ratios (bench_serving.py), then cold-prefill
 # TTFT and single-stream ITL (bench_latency.py), on `tiny` and `small`; greedy tokens compared
 # (compare_tokens.py). Needs `make install` and `make install-vllm`. Writes results/vs_vllm/.
-#   bash benchmark/vs_vllm.sh              # both models (~26 min on the 2-core dev machine)
+#   bash benchmark/vs_vllm.sh              # both models, 4 rounds (~30 min on the 2-core dev machine)
 #   MODELS=tiny ROUNDS=2 bash benchmark/vs_vllm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
