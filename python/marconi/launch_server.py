@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from marconi.engine.async_engine import BURST_WAIT_LIMIT
 from marconi.engine.config import NO_CACHE, EngineConfig, prefix_cache_choices
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
 from marconi.server.guard import Limits
@@ -58,8 +59,8 @@ _HELP = {
     "heap_trim_interval": "when idle after serving, give freed heap back to the OS "
     "(malloc_trim) at most this often, seconds (0: never)",
     "burst_wait_ms": "when a request wakes the idle engine, wait until none has arrived for "
-    "this long (at most 5x in all) before the first step, so that simultaneous requests are "
-    "scheduled together (0: step at once)",
+    f"this long (at most {BURST_WAIT_LIMIT}x in all) before the first step, so that "
+    "simultaneous requests are scheduled together (0: step at once)",
     "api_key": f"require 'Authorization: Bearer KEY' on /v1/* and /debug/* (or set ${API_KEY_ENV})",
     "max_queued_requests": "requests waiting for admission beyond which a new one gets 503",
     "max_request_bytes": "largest request body (413 beyond)",
