@@ -19,7 +19,7 @@ import statistics
 
 import httpx
 from bench_serving import build_sessions, send
-from servers import launch, round_order, wait_quiet
+from servers import launch, round_order, round_salt, wait_quiet
 
 
 async def burst(args: argparse.Namespace, url: str, prompts: list[str], salt: str) -> list[float]:
@@ -56,7 +56,7 @@ def main() -> None:
         for r in range(args.rounds):
             for n in round_order(names, r):
                 wait_quiet()
-                ttft = asyncio.run(burst(args, up[n].url, prompts, f"[burst {r + 1}] "))
+                ttft = asyncio.run(burst(args, up[n].url, prompts, round_salt(r, f"burst {r + 1}")))
                 last[n].append(ttft[-1])
                 print(f"round {r + 1} {n}: {' '.join(f'{t:.0f}' for t in ttft)} ms", flush=True)
     finally:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
-from servers import VLLM_NAMES, Server, launch, round_order, wait_quiet
+from servers import VLLM_NAMES, Server, launch, round_order, round_salt, wait_quiet
 
 
 @dataclass(frozen=True)
@@ -255,13 +255,14 @@ def run_launched(
         return up[name]
 
     try:
-        for level in args.levels:
+        for li, level in enumerate(args.levels):
             for rnd in range(args.rounds):
                 for name in round_order(names, rnd):
                     run = name if level is None else f"{name} @{level}"
                     args.base_url = server(name).url
                     args.concurrency = level
-                    salt = "" if args.fresh_servers else f"[c{level} round {rnd + 1}] "
+                    label = f"c{level} round {rnd + 1}"
+                    salt = "" if args.fresh_servers else round_salt(li * args.rounds + rnd, label)
                     wait_quiet()  # the previous server's round has ended (servers.wait_quiet)
                     results, duration = asyncio.run(bench(args, sessions, salt))
                     if args.fresh_servers:
