@@ -124,7 +124,8 @@ def round_salt(index: int, label: str) -> str:
     (ours) served the 11 tokens of "[c16 round " to the first turns of every round from the
     third on (0-3 in the first two) and vLLM's 8-token units did not, so only our first
     rounds prefilled more than the rest (tiny, 16 sessions: the round whose burst finished a
-    step later, P95 459 vs 372-388 ms)."""
+    step later, P95 459 vs 372-388 ms). ``SALT_LETTERS`` has 52 characters: a run of more
+    rounds than that repeats a first character (round ``index`` and ``index + 52``)."""
     return f"{SALT_LETTERS[index % len(SALT_LETTERS)]} [{label}] "
 
 
