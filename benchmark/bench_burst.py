@@ -19,7 +19,7 @@ import statistics
 
 import httpx
 from bench_serving import build_sessions, send
-from servers import launch, round_order, round_salt, wait_quiet
+from servers import launch, measured, round_order, round_salt
 
 
 async def burst(args: argparse.Namespace, url: str, prompts: list[str], salt: str) -> list[float]:
@@ -55,8 +55,9 @@ def main() -> None:
             asyncio.run(burst(args, up[n].url, prompts[:2], "[warm-up] "))
         for r in range(args.rounds):
             for n in round_order(names, r):
-                wait_quiet()
-                ttft = asyncio.run(burst(args, up[n].url, prompts, round_salt(r, f"burst {r + 1}")))
+                salt = round_salt(r, f"burst {r + 1}")
+                with measured():
+                    ttft = asyncio.run(burst(args, up[n].url, prompts, salt))
                 last[n].append(ttft[-1])
                 print(f"round {r + 1} {n}: {' '.join(f'{t:.0f}' for t in ttft)} ms", flush=True)
     finally:

@@ -17,7 +17,7 @@ import random
 import time
 
 import httpx
-from servers import launch, wait_quiet
+from servers import launch, measured
 
 ASCII_BIAS = {str(t): -100 for t in range(128, 260)}
 
@@ -68,13 +68,14 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(args.reps):
             for length in lengths:
                 for n, s in servers.items():
-                    wait_quiet()
-                    ttft, _ = stream(s.url, models[n], f"[{rep} {n}] " + text(length), 1)
+                    with measured():
+                        ttft, _ = stream(s.url, models[n], f"[{rep} {n}] " + text(length), 1)
                     key = f"TTFT {length} ms"
                     best[n][key] = min(best[n].get(key, 1e9), 1e3 * ttft)
             for n, s in servers.items():
-                wait_quiet()
-                _, gaps = stream(s.url, models[n], f"[d{rep} {n}] " + text(300), args.decode_tokens)
+                prompt = f"[d{rep} {n}] " + text(300)
+                with measured():
+                    _, gaps = stream(s.url, models[n], prompt, args.decode_tokens)
                 itl = 1e3 * sorted(gaps)[len(gaps) // 2]
                 best[n]["ITL P50 ms"] = min(best[n].get("ITL P50 ms", 1e9), itl)
     finally:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
-from servers import VLLM_NAMES, Server, launch, round_order, round_salt, wait_quiet
+from servers import VLLM_NAMES, Server, launch, measured, round_order, round_salt
 
 
 @dataclass(frozen=True)
@@ -263,8 +263,8 @@ def run_launched(
                     args.concurrency = level
                     label = f"c{level} round {rnd + 1}"
                     salt = "" if args.fresh_servers else round_salt(li * args.rounds + rnd, label)
-                    wait_quiet()  # the previous server's round has ended (servers.wait_quiet)
-                    results, duration = asyncio.run(bench(args, sessions, salt))
+                    with measured():  # the machine is quiet, the client collects no garbage
+                        results, duration = asyncio.run(bench(args, sessions, salt))
                     if args.fresh_servers:
                         up.pop(name).stop()
                     pooled.setdefault(run, []).extend(results)
@@ -378,7 +378,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.launch:
         summaries, swings = run_launched(args, sessions)
     else:
-        summaries, swings = {args.base_url: summarize(*asyncio.run(bench(args, sessions)))}, {}
+        with measured():
+            results, duration = asyncio.run(bench(args, sessions))
+        summaries, swings = {args.base_url: summarize(results, duration)}, {}
     print(HEADER)
     for name, s in summaries.items():
         print(row(name, s))

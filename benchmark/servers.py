@@ -16,11 +16,14 @@ key sets an environment variable instead: ``marconi/OMP_WAIT_POLICY=ACTIVE``.
 
 from __future__ import annotations
 
+import gc
 import os
 import string
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,3 +158,20 @@ def wait_quiet(cores: float = 0.25, window: float = 0.25, timeout: float = 15.0)
             return time.monotonic() - t0
     print(f"note: the CPUs stayed busy (>= {cores} cores) for {timeout:.0f} s", file=sys.stderr)
     return timeout
+
+
+@contextmanager
+def measured() -> Iterator[None]:
+    """One measured round: wait until the machine is quiet (``wait_quiet``), collect, then run
+    the block with this process's garbage collector off. The benchmark client's own full
+    collections (its heap holds the loaded trace) took ~90 ms, twice in a 10-round replay of
+    tiny (measured with ``gc.callbacks``), and a pause in the client adds its length to every
+    request in flight, in whichever server's round it falls (the servers' own collections:
+    ``launch_server`` freezes its start-up objects)."""
+    wait_quiet()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
