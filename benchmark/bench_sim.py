@@ -86,6 +86,14 @@ def _round_gb(nbytes: float) -> int:
     return int(round(gb, digits) * 1e9) or 10**9
 
 
+def capacities(trace: Sequence[Request], cost: CostModel, inf: SimResult) -> list[int]:
+    """The bench's capacities for ``trace`` on ``cost``'s model: ``FRACTIONS`` of its footprint
+    (the KV of every distinct token, ``inf`` being its infinite-cache replay, plus one state
+    per request), rounded to two significant GB."""
+    foot = inf.unique_tokens * cost.kv_bytes_per_token + len(trace) * cost.state_bytes
+    return [_round_gb(f * foot) for f in FRACTIONS]
+
+
 def _oracle(trace: Sequence[Request], cost: CostModel, cap: int) -> float | None:
     try:
         from marconi.sim.oracle import simulate_oracle
@@ -133,8 +141,7 @@ def results_tables(quick: bool) -> tuple[list[str], list[str]]:
         for mname in MODELS:
             cost = load_cost_model(mname)
             inf = infinite_cache(trace, cost)
-            foot = inf.unique_tokens * cost.kv_bytes_per_token + len(trace) * cost.state_bytes
-            caps = [_round_gb(f * foot) for f in FRACTIONS]
+            caps = capacities(trace, cost, inf)
             lines += [
                 f"### {tname} ({kw}; {len(trace)} requests, {ntok:,} input tokens) — {mname}",
                 "",
@@ -176,9 +183,8 @@ def learned_kinds(quick: bool) -> list[str]:
     cost = load_cost_model("paper-7b")
     for tname, kw in traces.items():
         trace = _load(tname, kw)
-        inf = infinite_cache(trace, cost)
-        foot = inf.unique_tokens * cost.kv_bytes_per_token + len(trace) * cost.state_bytes
-        cache, _ = build_cache(cost, SimSpec(OURS, _round_gb(FRACTIONS[1] * foot), alpha=0.0))
+        moderate = capacities(trace, cost, infinite_cache(trace, cost))[1]
+        cache, _ = build_cache(cost, SimSpec(OURS, moderate, alpha=0.0))
         Replayer(cache).run_sequential(trace)
         adm = cache.admission
         kinds = ", ".join(sorted(k.name.lower() for k in adm.enabled))  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench_sim import FRACTIONS, MODELS, OURS, TRACES, _load, _round_gb
+from bench_sim import MODELS, OURS, TRACES, _load, capacities
 from marconi.cache.cost import load_cost_model
 from marconi.sim.simulate import SimSpec, infinite_cache, simulate
 
@@ -51,25 +51,23 @@ def read_results(path: Path) -> dict[tuple[str, str, int], dict[str, float]]:
     return cells
 
 
-def _cell(job: tuple[str, str, float, Sequence[str]]) -> list[tuple[str, str, int, str, float]]:
-    tname, mname, fraction, alphas = job
+def _cells(job: tuple[str, str, Sequence[str]]) -> list[tuple[str, str, int, str, float]]:
+    """The rows of one trace and model: its three capacities, each alpha."""
+    tname, mname, alphas = job
     trace, cost = _load(tname, dict(TRACES[tname])), load_cost_model(mname)
-    inf = infinite_cache(trace, cost)
-    cap = _round_gb(
-        fraction * (inf.unique_tokens * cost.kv_bytes_per_token + len(trace) * cost.state_bytes)
-    )
     out = []
-    for a in alphas:
-        spec = SimSpec(OURS, cap, alpha=a if a == "auto" else float(a), trace_name=tname)
-        out.append((tname, mname, cap, a, 100 * simulate(trace, cost, spec).token_hit_rate))
+    for cap in capacities(trace, cost, infinite_cache(trace, cost)):
+        for a in alphas:
+            spec = SimSpec(OURS, cap, alpha=a if a == "auto" else float(a), trace_name=tname)
+            out.append((tname, mname, cap, a, 100 * simulate(trace, cost, spec).token_hit_rate))
     return out
 
 
 def screen(alphas: Sequence[str], workers: int) -> list[tuple[str, str, int, str, float]]:
     """(trace, model, capacity, alpha, hit %) for ours tuned ("auto") and at each alpha."""
-    jobs = [(t, m, f, ["auto", *alphas]) for t in TRACES for m in MODELS for f in FRACTIONS]
+    jobs = [(t, m, ["auto", *alphas]) for t in TRACES for m in MODELS]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return [row for rows in pool.map(_cell, jobs) for row in rows]
+        return [row for rows in pool.map(_cells, jobs) for row in rows]
 
 
 def report(rows: Sequence[tuple[str, str, int, str, float]], results: Path) -> list[str]:

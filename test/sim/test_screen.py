@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmark"))
 
+import bench_sim  # noqa: E402
 import screen_sim  # noqa: E402
 
 RESULTS = ROOT / "docs/results.md"
@@ -26,7 +27,7 @@ def _summary() -> dict[tuple[str, str, int], float]:
 
 def test_reads_every_cell_of_results() -> None:
     cells = screen_sim.read_results(RESULTS)
-    n = len(screen_sim.TRACES) * len(screen_sim.MODELS) * len(screen_sim.FRACTIONS)
+    n = len(bench_sim.TRACES) * len(bench_sim.MODELS) * len(bench_sim.FRACTIONS)
     assert len(cells) == n
     assert set(cells) == set(_summary())
     for cols in cells.values():
