@@ -117,11 +117,13 @@ def build(
     page_size: int = 1,
     hf_config: dict[str, Any] | None = None,
     chunk: int = CHUNK,
+    max_context_len: int = 512,
 ) -> Fixture:
     """A hybrid-model cache built by SGLang's registry factory ``backend`` (None: SGLang's
     default selection chain, i.e. ``--prefix-cache lru``); ``extra_buffer`` Mamba mode for
     page sizes > 1; ``chunk``: the Mamba state grid branch points are rounded down to. The
-    ``marconi`` preset comes from ``$SGLANG_MARCONI_PRESET`` (as in a server)."""
+    ``marconi`` preset comes from ``$SGLANG_MARCONI_PRESET`` (as in a server);
+    ``max_context_len``: the longest request the request pool takes."""
     extra_buffer = page_size > 1
     server_args = ServerArgs(model_path="dummy", page_size=page_size, radix_cache_backend=backend)
     server_args._mamba_cache_chunk_size = chunk
@@ -138,7 +140,9 @@ def build(
         conv_kernel=4,
     )
     params = Mamba2CacheParams(shape=shape, layers=mamba_layers)
-    pool = state_pool(params, mamba_size, extra_buffer=extra_buffer)
+    pool = state_pool(
+        params, mamba_size, max_context_len=max_context_len, extra_buffer=extra_buffer
+    )
     kv_pool = HybridLinearKVPool(
         size=kv_size,
         dtype=torch.bfloat16,

@@ -60,7 +60,21 @@ def _workloads() -> dict[str, list[Turn]]:
     resend: list[Turn] = []
     for p in [systems[1] + _ids(rng, 8) for _ in range(3)]:
         resend += [(p, _ids(rng, 3)), (p, _ids(rng, 3))]
-    return {"gsp-multi-turn": gsp, "chat": chat, "resend": resend, "mixed": gsp + chat + resend}
+    # block-granular (Mooncake): the next request repeats this one's input up to its last
+    # 512-token boundary, then a new block and a fresh tail
+    blocks: list[Turn] = []
+    chains = {c: _ids(rng, 512) for c in range(2)}
+    for _turn in range(3):
+        for c in range(2):
+            blocks.append((chains[c] + _ids(rng, 40), _ids(rng, 3)))
+            chains[c] = chains[c] + _ids(rng, 512)
+    return {
+        "gsp-multi-turn": gsp,
+        "chat": chat,
+        "resend": resend,
+        "mixed": gsp + chat + resend,
+        "blocks": blocks,
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +94,8 @@ def test_sglang_backend_and_replayer_agree(
 ) -> None:
     monkeypatch.setenv(plugin.PRESET_ENV, preset)
     monkeypatch.setenv(plugin.ALPHA_ENV, "0")  # fixed: no tuner (no eviction happens anyway)
-    fx = build(kv_size=4096, mamba_size=160, chunk=1)  # grid 1: branch points exact, as ours
+    # grid 1: branch points exact, as ours; contexts up to 2,048 tokens for "blocks"
+    fx = build(kv_size=4096, mamba_size=160, chunk=1, max_context_len=2048)
     policy = fx.cache.marconi
     sim = PrefixCache(policy.cost, MemoryBudget.shared(1 << 40), preset_config(preset, alpha=0.0))
     s, rp = Session(fx), Replayer(sim)
@@ -95,6 +110,9 @@ def test_sglang_backend_and_replayer_agree(
     assert sum(hits_sim) > 0
     assert fx.cache.marconi.stats.hit_tokens == sum(hits_sim)
     assert getattr(policy.admission, "enabled", None) == getattr(sim.admission, "enabled", None)
+    assert policy.eviction.alpha_hold == sim.eviction.alpha_hold
+    if preset == "marconi":  # what the eviction follows: block-granular reuse or not
+        assert policy.eviction.block_granular == (workload == "blocks")
     if preset == "marconi" and workload == "gsp-multi-turn":
         # the next turn keeps the previous prompt, not the reply: the prompt end is learned
         from marconi.cache.admission_learned import Kind

@@ -74,3 +74,20 @@ def small_cache(tokens: int, states: int, admission: str, eviction: str = "lru")
     cost = load_cost_model("paper-7b")
     budget = MemoryBudget.shared(tokens * cost.kv_bytes_per_token + states * cost.state_bytes)
     return PrefixCache(cost, budget, CacheConfig(admission, {}, eviction))
+
+
+def block_chains(chains: int = 6, turns: int = 6, block: int = 512, seed: int = 3) -> list[Request]:
+    """Block-granular reuse, as in Mooncake: every request is its own session, and the next
+    request of a chain repeats this one's input up to its last block boundary, then adds a new
+    block and a fresh partial block. The shared prefix ends at a block-aligned input position,
+    never where a request's input or output ended."""
+    rng = np.random.default_rng(seed)
+    blocks = {c: _ids(rng, block, 0) for c in range(chains)}
+    out = []
+    for t in range(turns):
+        for c in rng.permutation(chains).tolist():
+            tail = _ids(rng, int(rng.integers(50, block - 50)), 0)
+            out.append(Request(f"b{c}-{t}", 0, float(len(out)), np.concatenate([blocks[c], tail]),
+                               _ids(rng, 8, 0)))  # fmt: skip
+            blocks[c] = np.concatenate([blocks[c], _ids(rng, block, 0)])
+    return out

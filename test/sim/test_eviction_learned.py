@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from marconi.cache import eviction_learned as el
-from marconi.cache.prefix_cache import clone_cache
+from marconi.cache.eviction import CandidateInfo
+from marconi.cache.prefix_cache import PrefixCache, clone_cache
+from marconi.cache.tuning import ShadowTuner
 from marconi.sim.replay import Replayer
-from synthetic import chat_sessions, small_cache
+from synthetic import block_chains, chat_sessions, small_cache
 
 
 def test_hit_density_is_hits_over_remaining_lifetime() -> None:
@@ -65,3 +67,38 @@ def test_clone_keeps_its_own_learning() -> None:
     copy.tree.on_hit(leaf)
     assert copy.eviction.ends.sum() == before + 1
     assert cache.eviction.ends.sum() == before
+
+
+def _block_cache() -> PrefixCache:
+    """``block_chains`` through ``marconi``'s policies, its alpha tuned from 1 (the worst start
+    for a workload whose best alpha is 0)."""
+    cache = small_cache(20_000, 12, "learned", "hit-density")
+    cache.set_alpha(1.0)
+    tuner = ShadowTuner(cache, workers=1, window=6)
+    rp = Replayer(cache)
+    for req in block_chains():
+        tuner.observe((req.input_ids, req.fed_ids))
+        rp.serve(req)
+        cache.check_integrity(deep=True)
+    return cache
+
+
+def test_block_granular_reuse_holds_alpha_at_zero() -> None:
+    cache = _block_cache()
+    assert cache.admission.block_granular  # it learned the aligned input kind
+    assert cache.eviction.block_granular and cache.eviction.alpha_hold == 0.0
+    assert cache.alpha == 0.0  # the tuner keeps the hold, whatever its shadows say
+
+
+def test_chat_reuse_is_not_block_granular() -> None:
+    cache, _ = _chat_cache()
+    assert not cache.admission.block_granular and not cache.eviction.block_granular
+    assert cache.eviction.alpha_hold is None
+
+
+def test_block_granular_density_is_per_byte() -> None:
+    policy = el.HitDensity()
+    small, big = (CandidateInfo(0, n, 0.0, el.class_of(True, 0), 512) for n in (10**6, 10**8))
+    assert policy.priority(small) == policy.priority(big)  # chat: bytes play no part
+    policy.observe_admission(_block_cache().admission)
+    assert policy.priority(big) < policy.priority(small)  # the bigger goes first

@@ -59,6 +59,13 @@ class AdmissionPolicy(ABC):
     def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:  # noqa: B027
         """A request whose first ``input_len`` tokens were its input inserts ``tokens``."""
 
+    @property
+    def block_granular(self) -> bool:
+        """Whether the reuse this policy has learned is block-granular: later requests resume
+        from block-aligned positions of earlier inputs (Mooncake), not from where a request
+        ended. Read by a learning eviction policy (``EvictionPolicy.observe_admission``)."""
+        return False
+
     @abstractmethod
     def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]: ...
 

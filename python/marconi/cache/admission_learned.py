@@ -176,6 +176,10 @@ class GhostAdmission(AdmissionPolicy):
         bar = self.threshold * yields.max()
         self.enabled = {k for k in Kind if yields[k] > 0 and yields[k] >= bar}
 
+    @property
+    def block_granular(self) -> bool:
+        return Kind.ALIGNED_INPUT in self.enabled
+
     def yields(self) -> dict[str, float]:
         """Credited tokens per proposal, per kind (for reports)."""
         y = self.credit / np.maximum(self.proposals, 1.0)

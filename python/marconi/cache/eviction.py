@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 from marconi.registry import Registry
 
 if TYPE_CHECKING:
+    from marconi.cache.admission import AdmissionPolicy
     from marconi.cache.node import Node
     from marconi.cache.tree import RadixTree
 
@@ -62,6 +63,15 @@ class EvictionPolicy(ABC):
 
     def record(self, info: CandidateInfo, now: int, hit: bool) -> None:  # noqa: B027 - optional
         """A node described by ``info`` was hit (``hit``) or evicted at clock ``now``."""
+
+    def observe_admission(self, admission: AdmissionPolicy) -> None:  # noqa: B027 - optional
+        """The cache's admission policy has just seen a request's prefill (called after every
+        ``AdmissionPolicy.observe_prefill``), so a policy may follow what it learned."""
+
+    @property
+    def alpha_hold(self) -> float | None:
+        """An alpha the tuner must keep for now instead of searching (None: tune)."""
+        return None
 
     def stale(self, now: int) -> bool:
         """Whether priorities computed at the last ``fit`` are outdated at clock ``now`` (for

@@ -12,6 +12,15 @@ evicting every tip just before its next turn.
 
 Classes (``kind``): leaf or inner node x hits so far (0, 1, 2, 3+). The histograms decay by
 half every ``half_life`` events so the policy follows workload shifts.
+
+Block-granular reuse (the admission policy has learned that requests resume from block-aligned
+positions of earlier inputs, as Mooncake's do): every request is its own session and a state is
+reused a median ~325 requests after it was admitted, so (1) the class densities are shrunk harder
+towards the pooled one (``block_prior``: few lifetimes per class end in a hit), (2) a candidate's
+density is divided by ``bytes_freed ** block_size_penalty`` (LHD's own density is per byte; a mild
+power of it), and (3) alpha is held at 0 (``alpha_hold``): the tuner's 64-request windows are
+shorter than the reuse distance, so their scores are noise and its switches lose. Measured in
+docs/admission.md (session 18).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import numpy as np
 from marconi.cache.eviction import EVICTION_POLICIES, CandidateInfo, EvictionPolicy
 
 if TYPE_CHECKING:
+    from marconi.cache.admission import AdmissionPolicy
     from marconi.cache.node import Node
 
 _HIT_BUCKETS = 4
@@ -90,10 +100,21 @@ class HitDensity(EvictionPolicy):
     #: a shadow that wins one window often loses the next: switch on steadier evidence
     tuner_hints: ClassVar[dict[str, float]] = {"patience": 2, "margin": 0.01, "decay": 0.9}
 
-    def __init__(self, alpha: float = 0.0, half_life: int = 2048, prior: float = 32.0) -> None:
+    def __init__(
+        self,
+        alpha: float = 0.0,
+        half_life: int = 2048,
+        prior: float = 32.0,
+        block_prior: float = 256.0,
+        block_size_penalty: float = 0.1,
+    ) -> None:
         self.alpha = float(alpha)
         self.half_life = half_life
         self.prior = prior
+        self.block_prior = block_prior
+        self.block_size_penalty = block_size_penalty
+        #: the admission policy has learned block-granular reuse (``observe_admission``)
+        self.block_granular = False
         self.hits = np.zeros((KINDS, _BINS))
         self.ends = np.zeros((KINDS, _BINS))
         self.events = 0
@@ -103,6 +124,13 @@ class HitDensity(EvictionPolicy):
 
     def kind(self, node: Node) -> int:
         return candidate_kind(node)
+
+    def observe_admission(self, admission: AdmissionPolicy) -> None:
+        self.block_granular = admission.block_granular
+
+    @property
+    def alpha_hold(self) -> float | None:
+        return 0.0 if self.block_granular else None
 
     def record(self, info: CandidateInfo, now: int, hit: bool) -> None:
         self.now = max(self.now, now)
@@ -130,7 +158,8 @@ class HitDensity(EvictionPolicy):
         pooled = hit_density(self.hits.sum(0), self.ends.sum(0))
         own = np.array([hit_density(self.hits[k], self.ends[k]) for k in range(KINDS)])
         n = self.ends.sum(1)[:, None]
-        self._rows = ((n * own + self.prior * pooled) / (n + self.prior)).tolist()
+        prior = self.block_prior if self.block_granular else self.prior
+        self._rows = ((n * own + prior * pooled) / (n + prior)).tolist()
 
     def density(self, kind: int, age: int) -> float:
         """The fitted hit density of class ``kind`` at ``age`` ticks."""
@@ -140,4 +169,6 @@ class HitDensity(EvictionPolicy):
         if not info.tokens:
             return -1.0
         density = self._rows[info.kind][_bin_of(self.now - info.last_access)]
+        if self.block_granular and info.bytes_freed:
+            density /= info.bytes_freed**self.block_size_penalty
         return density * info.tokens**self.alpha if self.alpha else density

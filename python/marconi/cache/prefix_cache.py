@@ -131,6 +131,7 @@ class PrefixCache:
         key = tokens if key is None else key
         if self.admission.learns:
             self.admission.observe_prefill(tokens, len(key), match.usable_len)
+            self.eviction.observe_admission(self.admission)
         branch = self.branch_point(key)
         ctx = AdmissionContext(len(tokens), match.usable_len, branch)
         return self.admission.prefill_positions(ctx)

@@ -166,7 +166,8 @@ class ShadowTuner(AlphaTuner):
     request; every ``window`` requests, the real cache switches to the alpha whose shadow has the
     best hit score, decayed by ``decay`` per window, once it has beaten the current alpha's
     shadow by ``margin`` (a fraction) for ``patience`` windows in a row (an eviction policy may
-    set its own defaults: ``tuner_hints``). Each shadow measures its alpha's long-run behaviour
+    set its own defaults: ``tuner_hints``; while its ``alpha_hold`` is set, the real cache keeps
+    that alpha and the shadows keep running). Each shadow measures its alpha's long-run behaviour
     on the live workload (not a short what-if from the current contents), so the choice tracks
     the best fixed alpha in hindsight and follows the workload when it shifts."""
 
@@ -206,6 +207,11 @@ class ShadowTuner(AlphaTuner):
         self.tuning_s += time.perf_counter() - t
         self._pending = []
         self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
+        hold = self.cache.eviction.alpha_hold
+        if hold is not None:  # the policy keeps its alpha for now; the shadows keep learning
+            self._set(hold)
+            self._leads = (-1, 0)
+            return
         cur = self.grid.index(self.cache.alpha) if self.cache.alpha in self.grid else 0
         best = max(range(len(self.grid)), key=lambda i: (self.totals[i], -i))
         if self.totals[best] > self.totals[cur] * (1 + self.margin):

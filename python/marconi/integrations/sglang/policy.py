@@ -147,6 +147,7 @@ class MarconiPolicy:
         if self.admission.learns:
             # SGLang's match key: the input but its last token (``names.SGLANG_MATCH_RULE``)
             self.admission.observe_prefill(tokens, len(tokens) - 1, usable_len)
+            self.eviction.observe_admission(self.admission)
         ctx = AdmissionContext(len(tokens), usable_len, branch_point)
         return RequestPlan(len(tokens), self.admission.prefill_positions(ctx))
 
