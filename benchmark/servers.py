@@ -11,7 +11,8 @@
 
 Our names may carry extra flags for A/B runs: ``marconi/num-threads=1/chunked-prefill-size=256``
 starts ``--prefix-cache marconi ARGS --num-threads 1 --chunked-prefill-size 256``; an upper-case
-key sets an environment variable instead: ``marconi/OMP_WAIT_POLICY=ACTIVE``.
+key sets an environment variable instead: ``marconi/OMP_WAIT_POLICY=ACTIVE``; a key without a
+value is a switch: ``marconi/pin-threads``.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def command(name: str, port: int, server_args: str) -> tuple[list[str], dict[str
     policy, *extra = name.split("/")
     pairs = [kv.partition("=")[::2] for kv in extra]
     env.update((k, v) for k, v in pairs if k.isupper())
-    flags = [w for k, v in pairs if not k.isupper() for w in (f"--{k}", v)]
+    flags = [w for k, v in pairs if not k.isupper() for w in (f"--{k}", v) if w]
     cmd = [sys.executable, "-m", "marconi.launch_server", "--port", str(port)]
     return [*cmd, "--prefix-cache", policy, *server_args.split(), *flags], env
 

@@ -5,12 +5,14 @@
 # (compare_tokens.py). Needs `make install` and `make install-vllm`. Writes results/vs_vllm/.
 #   bash benchmark/vs_vllm.sh              # both models, 4 rounds (~30 min on the 2-core dev machine)
 #   MODELS=tiny ROUNDS=2 bash benchmark/vs_vllm.sh
+#   OURS=marconi,marconi/pin-threads bash benchmark/vs_vllm.sh   # our servers to compare (A/B)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 MODELS=${MODELS:-tiny small}
 ROUNDS=${ROUNDS:-4}
 OUT=${OUT:-results/vs_vllm}
+OURS=${OURS:-marconi}
 mkdir -p "$OUT"
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -22,7 +24,7 @@ mkdir -p "$OUT"
 for model in $MODELS; do
   # small is ~4x tiny's compute per token: fewer sessions keep a round near a minute (18 requests)
   if [ "$model" = small ]; then len=300; sessions=6; else len=300; sessions=12; fi
-  "$PY" benchmark/bench_serving.py --launch marconi,vllm,vllm-bind --ascii-only \
+  "$PY" benchmark/bench_serving.py --launch "$OURS",vllm,vllm-bind --ascii-only \
     --server-args "--model $model --cache-memory 256MB" --max-output-len 16 \
     --max-input-len "$len" --num-sessions "$sessions" --concurrency 1,4,16 \
     --rounds "$ROUNDS" --json "$OUT/serving_$model.json" | tee "$OUT/serving_$model.md"

@@ -61,6 +61,8 @@ _HELP = {
     "burst_wait_ms": "when a request wakes the idle engine, wait until none has arrived for "
     f"this long (at most {BURST_WAIT_LIMIT}x in all) before the first step, so that "
     "simultaneous requests are scheduled together (0: step at once)",
+    "pin_threads": "pin the engine's OpenMP threads to one CPU each, as vLLM's "
+    "VLLM_CPU_OMP_THREADS_BIND does (CPU only)",
     "api_key": f"require 'Authorization: Bearer KEY' on /v1/* and /debug/* (or set ${API_KEY_ENV})",
     "max_queued_requests": "requests waiting for admission beyond which a new one gets 503",
     "max_request_bytes": "largest request body (413 beyond)",
@@ -87,6 +89,7 @@ class ServerArgs:
     drain_timeout: float = 30.0
     heap_trim_interval: float = 10.0
     burst_wait_ms: float = 4.0
+    pin_threads: bool = False
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -160,7 +163,15 @@ class ServerHandle:
         interval = args.heap_trim_interval
         trimmer = HeapTrimmer(interval) if interval > 0 else None
         wait = args.burst_wait_ms / 1e3
-        self.engine = AsyncEngine(lambda: Engine(engine_config), trimmer, burst_wait=wait)
+
+        def build() -> Engine:  # on the engine thread, which then steps it
+            if args.pin_threads:
+                from marconi.engine.affinity import pin_threads
+
+                log.info("engine OpenMP threads pinned to CPUs %s", pin_threads())
+            return Engine(engine_config)
+
+        self.engine = AsyncEngine(build, trimmer, burst_wait=wait)
         self.engine.start()  # builds the engine on its own thread (async_engine's docstring)
         engine = self.engine.engine
         name = args.served_model_name or engine_config.model

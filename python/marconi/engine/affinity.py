@@ -1,0 +1,39 @@
+"""Pin the engine's OpenMP threads to CPUs, one each (``--pin-threads``).
+
+Unpinned, the kernel may move the two compute threads of a 2-CPU machine onto one CPU for a
+moment (the event loop, the HTTP client or any other process wakes on the other), and every
+barrier of the step then waits for a time slice. vLLM's CPU worker pins its threads
+(``VLLM_CPU_OMP_THREADS_BIND``). Call on the thread that steps the engine, after
+``torch.set_num_threads``; other threads (the event loop) stay free to run anywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+from marconi.layers.ckernel import CKernel
+
+KERNEL = CKernel(
+    "affinity.c",
+    "pin_omp_threads",
+    (ctypes.c_void_p, ctypes.c_long),
+    "MARCONI_AFFINITY_KERNEL",
+    cflags=("-fopenmp",),
+)
+
+
+def pin_threads() -> list[int] | None:
+    """Pin OpenMP thread ``t`` of the calling thread's team to the ``t``-th CPU this process
+    may run on; returns the CPUs used, or None where it cannot (no kernel, fewer CPUs than
+    threads)."""
+    fn = KERNEL.get()
+    cpus = sorted(os.sched_getaffinity(0))
+    n = torch.get_num_threads()
+    if fn is None or n > len(cpus):
+        return None
+    table = (ctypes.c_long * n)(*cpus[:n])
+    fn(ctypes.addressof(table), n)
+    return cpus[:n]
