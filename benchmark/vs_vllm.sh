@@ -5,7 +5,7 @@
 # (compare_tokens.py). Needs `make install` and `make install-vllm`. Writes results/vs_vllm/.
 #   bash benchmark/vs_vllm.sh              # both models, 4 rounds (~30 min on the 2-core dev machine)
 #   MODELS=tiny ROUNDS=2 bash benchmark/vs_vllm.sh
-#   OURS=marconi,marconi/pin-threads bash benchmark/vs_vllm.sh   # our servers to compare (A/B)
+#   OURS=marconi,marconi/no-pin-threads bash benchmark/vs_vllm.sh   # our servers to compare (A/B)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -62,7 +62,8 @@ _HELP = {
     f"this long (at most {BURST_WAIT_LIMIT}x in all) before the first step, so that "
     "simultaneous requests are scheduled together (0: step at once)",
     "pin_threads": "pin the engine's OpenMP threads to one CPU each, as vLLM's "
-    "VLLM_CPU_OMP_THREADS_BIND does (CPU only)",
+    "VLLM_CPU_OMP_THREADS_BIND does (default: when they are as many as the CPUs the process "
+    "may use; --no-pin-threads: never)",
     "api_key": f"require 'Authorization: Bearer KEY' on /v1/* and /debug/* (or set ${API_KEY_ENV})",
     "max_queued_requests": "requests waiting for admission beyond which a new one gets 503",
     "max_request_bytes": "largest request body (413 beyond)",
@@ -89,7 +90,7 @@ class ServerArgs:
     drain_timeout: float = 30.0
     heap_trim_interval: float = 10.0
     burst_wait_ms: float = 4.0
-    pin_threads: bool = False
+    pin_threads: bool | None = None  # None: auto (affinity.should_pin)
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -97,8 +98,9 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         kind = f.type if isinstance(f.type, str) else f.type.__name__
-        if kind == "bool":
-            parser.add_argument(flag, action="store_true", help=_HELP.get(f.name))
+        if kind.startswith("bool"):  # bool: a switch; bool | None: --x / --no-x / auto
+            action = "store_true" if kind == "bool" else argparse.BooleanOptionalAction
+            parser.add_argument(flag, action=action, default=default, help=_HELP.get(f.name))
             continue
         conv = {"int": int, "float": float}.get(kind.split(" ")[0], str)
         names = [flag, "--model-path"] if f.name == "model" else [flag]
@@ -165,10 +167,11 @@ class ServerHandle:
         wait = args.burst_wait_ms / 1e3
 
         def build() -> Engine:  # on the engine thread, which then steps it
-            if args.pin_threads:
+            if args.pin_threads is not False:
                 from marconi.engine.affinity import pin_threads
 
-                log.info("engine OpenMP threads pinned to CPUs %s", pin_threads())
+                if cpus := pin_threads(args.pin_threads):
+                    log.info("engine OpenMP threads pinned to CPUs %s", cpus)
             return Engine(engine_config)
 
         self.engine = AsyncEngine(build, trimmer, burst_wait=wait)

@@ -1,4 +1,4 @@
-"""Pin the engine's OpenMP threads to CPUs, one each (``--pin-threads``).
+"""Pin the engine's OpenMP threads to CPUs, one each (``--pin-threads``; auto by default).
 
 Unpinned, the kernel may move the two compute threads of a 2-CPU machine onto one CPU for a
 moment (the event loop, the HTTP client or any other process wakes on the other), and every
@@ -25,14 +25,24 @@ KERNEL = CKernel(
 )
 
 
-def pin_threads() -> list[int] | None:
+def should_pin(requested: bool | None, threads: int, cpus: int) -> bool:
+    """``--pin-threads`` (True), ``--no-pin-threads`` (False) or neither (None: auto). Auto pins
+    only when the team fills every CPU the process may use (the usual 1 thread per core): then
+    no other engine or job can be left a CPU to itself either way. A smaller team stays free,
+    since two such engines, each pinned from the first CPU, would share it while another idles."""
+    return requested if requested is not None else threads == cpus
+
+
+def pin_threads(requested: bool | None = True) -> list[int] | None:
     """Pin OpenMP thread ``t`` of the calling thread's team to the ``t``-th CPU this process
-    may run on; returns the CPUs used, or None where it cannot (no kernel, fewer CPUs than
-    threads)."""
-    fn = KERNEL.get()
+    may run on, if ``should_pin(requested, ...)``; returns the CPUs used, or None where it did
+    not (not wanted, no kernel, fewer CPUs than threads)."""
     cpus = sorted(os.sched_getaffinity(0))
     n = torch.get_num_threads()
-    if fn is None or n > len(cpus):
+    if not should_pin(requested, n, len(cpus)) or n > len(cpus):
+        return None
+    fn = KERNEL.get()
+    if fn is None:
         return None
     table = (ctypes.c_long * n)(*cpus[:n])
     fn(ctypes.addressof(table), n)
