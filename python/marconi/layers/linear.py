@@ -3,14 +3,15 @@
 - M >= ``PACKED_MIN_ROWS`` rows (prefill, and decode batches of 4 rows on): oneDNN with a
   weight reordered once into its blocked layout, faster than the default MKL sgemm of
   `F.linear` (~20-25% for prefill on an AMD EPYC, one thread; ~1.8x at 4-8 rows on the Intel
-  Xeon of ``docs/performance.md``, two threads), which is kept for 1-3 rows.
+  Xeon of ``docs/performance.md``, two threads).
 - Decode (1 <= M <= ``small_m.MAX_ROWS`` rows, checked first): the C kernel of
   ``marconi.layers.small_m`` when it is enabled (``small_m.set_enabled``; the engine's runner
   enables it only where OpenMP threads sleep at barriers, ``marconi.engine.runner``), which
   then streams the weight faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0``: never).
-- Decode batches of ``SKINNY_ROWS`` rows (4-16): the C kernel ``csrc/skinny_linear.c`` on
-  torch's OpenMP threads, which streams the weight 13-25% faster than the packed path there
-  (``MARCONI_SKINNY_LINEAR=0``: never).
+- Decode batches of ``SKINNY_ROWS`` rows (1-16): the C kernel ``csrc/skinny_linear.c`` on
+  torch's OpenMP threads, which streams the weight 13-25% faster than the packed path at 4-12
+  rows and ties (Intel) or beats ~3x (AMD) MKL's sgemm at 1-3 (``MARCONI_SKINNY_LINEAR=0``:
+  never).
 
 Everything else (and any case either path does not cover) is `F.linear`.
 
@@ -40,8 +41,10 @@ PACKED_MIN_ROWS = int(os.environ.get("MARCONI_PACKED_MIN_ROWS", "4"))
 _enabled = os.environ.get("MARCONI_PACKED_LINEAR", "1") != "0"
 
 #: rows (inclusive range) sent to the skinny kernel: decode batches, where it streams the weight
-#: faster than the packed path (measured at 4-12 rows, docs/performance.md); 1-3 rows tie sgemm
-SKINNY_ROWS = (4, 16)
+#: faster than the packed path (measured at 4-12 rows, docs/performance.md). At 1-3 rows it ties
+#: MKL's sgemm on Intel and beats it ~3x on AMD EPYC, where MKL takes a slower code path (3072x768
+#: weight, 1 row: 92 vs 268 us; the tiny model's decode step 11.5 vs 19 ms at batch 1)
+SKINNY_ROWS = (1, 16)
 
 SKINNY = CKernel(
     "skinny_linear.c",
