@@ -41,8 +41,9 @@ _HELP = {
     "alpha": "FLOP-aware eviction weight: auto or a float >= 0",
     "max_running_requests": "most requests running at once",
     "chunked_prefill_size": "prefill token budget per step (longer prompts are chunked)",
-    "schedule_policy": "admission order: spf (shortest prefill first), fcfs, or lpm (longest "
-    "cached prefix first)",
+    "schedule_policy": "admission order: srpf (shortest remaining prefill first: a shorter "
+    "arrival goes before a long prompt's remaining chunks), spf (shortest prefill first), fcfs, "
+    "or lpm (longest cached prefix first)",
     "context_length": "longest prompt + completion (None: the model's)",
     "default_max_tokens": "completion cap when a chat request sets no max_tokens",
     "queue_timeout": "seconds a request may wait for admission, then 503 (None: no limit)",

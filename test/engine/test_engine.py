@@ -254,7 +254,7 @@ def _run_in_order(llm: LLM, prompts: dict[str, list[int]]) -> tuple[list[str], d
     return order, outputs, cached
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "lpm", "spf"])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "spf", "srpf"])
 def test_lpm_admits_the_longest_cached_prefix_first_without_changing_outputs(policy: str) -> None:
     # one request at a time, so the finishing order is the admission order
     llm = LLM("tiny", "marconi", cache_memory="64MB", max_running_requests=1,
@@ -270,6 +270,7 @@ def test_lpm_admits_the_longest_cached_prefix_first_without_changing_outputs(pol
     order, outputs, cached = _run_in_order(llm, prompts)
     assert cached["warm"] >= len(doc) and cached["cold-1"] == cached["cold-2"] == 0
     want = {"lpm": ["warm", "cold-1", "cold-2"], "spf": ["warm", "cold-2", "cold-1"]}
+    want["srpf"] = want["spf"]
     assert order == want.get(policy, list(prompts))  # warm: the fewest tokens left to prefill
     uncached = LLM("tiny", "none", cache_memory="64MB").generate(list(prompts.values()), GREEDY)
     assert outputs == {rid: out.token_ids for rid, out in zip(prompts, uncached, strict=True)}
@@ -277,7 +278,7 @@ def test_lpm_admits_the_longest_cached_prefix_first_without_changing_outputs(pol
 
 
 def test_unknown_schedule_policy_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="choose one of fcfs, lpm, spf"):
+    with pytest.raises(ValueError, match="choose one of fcfs, lpm, spf, srpf"):
         LLM("tiny", "marconi", schedule_policy="random")
 
 
@@ -326,3 +327,30 @@ def test_decode_rows_take_the_c_kernel_only_where_openmp_threads_sleep(
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert decode_kernel_wanted() is want
+
+
+@pytest.mark.parametrize("policy", ["spf", "srpf"])
+def test_srpf_lets_a_short_arrival_go_before_a_long_prefill_remainder(policy: str) -> None:
+    # a 4-chunk prompt starts alone; a 1-chunk one arrives after its first chunk
+    llm = LLM("tiny", "marconi", cache_memory="64MB", chunked_prefill_size=16,
+              schedule_policy=policy)  # fmt: skip
+    engine = llm.engine
+    long_ids, short_ids = list(b"x" * 60 + b"\n"), list(b"short\n")
+    engine.add_request(engine.make_request(long_ids, GREEDY, rid="long"))
+    assert engine.step() == []  # the long one's first chunk: no token yet
+    engine.add_request(engine.make_request(short_ids, GREEDY, rid="short"))
+    first: dict[str, int] = {}
+    outputs: dict[str, tuple[int, ...]] = {}
+    step = 1
+    while engine.has_unfinished():
+        step += 1
+        for out in engine.step():
+            first.setdefault(out.rid, step)
+            outputs[out.rid] = outputs.get(out.rid, ()) + out.token_ids
+        llm.check_integrity()
+    if policy == "srpf":  # the short prompt's one chunk runs next; the long one resumes after
+        assert first == {"short": 2, "long": 5}
+    else:  # the long remainder keeps the budget: 3 more chunks, the short one shares the last
+        assert first["long"] == 4 and first["short"] >= 4
+    uncached = LLM("tiny", "none", cache_memory="64MB").generate([long_ids, short_ids], GREEDY)
+    assert outputs == {"long": uncached[0].token_ids, "short": uncached[1].token_ids}

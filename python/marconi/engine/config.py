@@ -62,8 +62,10 @@ class EngineConfig:
     - ``max_running_requests``: requests admitted at once (decode batch size bound).
     - ``chunked_prefill_size``: prefill tokens per step over all requests (the token budget);
       a longer prompt is prefilled in chunks across steps, interleaved with decodes.
-    - ``schedule_policy``: admission order of waiting requests, ``spf`` (shortest prefill
-      first), ``fcfs`` or ``lpm`` (longest cached prefix first; ``marconi.engine.schedule_policy``).
+    - ``schedule_policy``: admission order of waiting requests, ``srpf`` (shortest remaining
+      prefill first: ``spf`` that also lets a shorter arrival go before a mid-prefill
+      remainder), ``spf`` (shortest prefill first), ``fcfs`` or ``lpm`` (longest cached prefix
+      first; ``marconi.engine.schedule_policy``).
     - ``context_length``: longest prompt + completion; ``None`` = the model's
       ``max_position_embeddings`` (8192 if absent).
     - ``default_max_tokens``: completion length cap when a request gives none.
@@ -77,7 +79,7 @@ class EngineConfig:
     alpha: str = "auto"
     max_running_requests: int = 32
     chunked_prefill_size: int = 256
-    schedule_policy: str = "spf"
+    schedule_policy: str = "srpf"
     context_length: int | None = None
     default_max_tokens: int = 256
     queue_timeout: float | None = None

@@ -6,9 +6,12 @@
 |--------|-------|
 | fcfs   | arrival order |
 | lpm    | longest usable cached prefix first, arrival order among equals |
-| spf    | the default: fewest uncached prompt tokens first, arrival order among equals |
+| spf    | fewest uncached prompt tokens first, arrival order among equals |
+| srpf   | the default: spf, and a waiting request with fewer tokens left to prefill than |
+|        | a running request's prefill remainder takes the step's budget before it       |
 
-A policy only reorders the waiting queue before admission; the scheduler still admits from the
+A policy only reorders the waiting queue before admission (and, with ``preempts_prefill``,
+lets the front of it go before mid-prefill remainders); the scheduler still admits from the
 front while the token budget, the running-request cap and memory allow, so a policy never
 changes what a request computes, only when it starts.
 """
@@ -30,6 +33,9 @@ class SchedulePolicy(ABC):
     order); ``prefix_len(req)`` is read-only (it changes no cache state and no LRU order)."""
 
     name: ClassVar[str]
+    #: whether a waiting request with fewer tokens left to prefill than a running request's
+    #: prefill remainder is admitted before that remainder gets the step's budget
+    preempts_prefill: ClassVar[bool] = False
 
     @abstractmethod
     def order(self, waiting: Sequence[Req], prefix_len: Callable[[Req], int]) -> list[Req] | None:
@@ -87,3 +93,14 @@ class ShortestPrefillFirst(SortedPolicy):
 
     def key(self, req: Req, prefix_len: int) -> int:
         return req.prompt_len - prefix_len
+
+
+@SCHEDULE_POLICIES.register("srpf")
+class ShortestRemainingPrefillFirst(ShortestPrefillFirst):
+    """``spf`` that also pauses a long prefill: a request that arrives while a longer one is
+    mid-prefill, with fewer tokens left to prefill than its remainder, takes the next step's
+    budget first (shortest remaining processing time), so a short turn never waits for all of
+    a long prompt's chunks. The long one's first token comes later by the short ones' chunks."""
+
+    name = "srpf"
+    preempts_prefill = True

@@ -2,11 +2,14 @@
 
 Continuous batching: every step runs one decode token for each running request whose prefill is
 done, plus prefill chunks under a token budget (``chunked_prefill_size``): first the requests
-already mid-prefill, then new requests, in the order of the schedule policy (``fcfs`` or
-``lpm``, ``schedule_policy.py``), admitted while the budget, the running-request cap and memory
-allow. Admission reserves all the KV a request can need, so a
-running request never runs short and nothing is ever preempted; a request that does not fit
-waits until others finish (their memory goes back to the cache, which evicts as needed).
+already mid-prefill, then new requests, in the order of the schedule policy (``fcfs``, ``lpm``,
+``spf``, ``schedule_policy.py``), admitted while the budget, the running-request cap and memory
+allow. A policy that ``preempts_prefill`` (``srpf``) lets a waiting request with fewer tokens
+left to prefill than the shortest mid-prefill remainder go first (the paused remainder keeps
+its memory and its state and resumes in a later step). Admission reserves all the KV a
+request can need, so a running request never runs short and nothing is ever evicted from a
+running request or recomputed; a request that does not fit waits until others finish (their
+memory goes back to the cache, which evicts as needed).
 
 Fault isolation: every per-request piece of work (admission and its state copy, decode-time
 checkpoint copies, slot lookups, stop checks and detokenization, the final insert) runs under
@@ -123,16 +126,37 @@ class Scheduler:
             with self._isolated(req, failed):
                 items.append(self._decode(req))
         budget = self.prefill_budget
-        for req in [r for r in self.running if r.prefilling]:
+        mid = [r for r in self.running if r.prefilling]
+        if mid and self.policy.preempts_prefill:  # shorter arrivals before the remainders
+            mid.sort(key=lambda r: r.prompt_len - r.fed)
+            self._reorder(budget)
+            budget = self._admit(budget, items, failed, mid[0].prompt_len - mid[0].fed)
+        for req in mid:
             if budget > 0:
                 with self._isolated(req, failed):
                     budget -= self._prefill(req, budget, items)
+        self._reorder(budget)
+        self._admit(budget, items, failed)
+        if not items:
+            return None, failed
+        reqs, inputs, fed_after, samples = zip(*items, strict=True)
+        return ScheduledBatch(reqs, inputs, fed_after, samples), failed
+
+    def _reorder(self, budget: int) -> None:
+        """Put the waiting queue in the policy's order, if anything can be admitted now."""
         if budget > 0 and len(self.running) < self.max_running:
             ordered = self.policy.order(self.waiting, lambda r: self.manager.peek(r.prompt_ids))
             if ordered is not None:
                 self.waiting = deque(ordered)
+
+    def _admit(self, budget: int, items: list, failed: list[StepOutput], below: int = 0) -> int:
+        """Admit waiting requests from the front and append their first prefill chunks while
+        the budget, the running-request cap and memory allow (with ``below``, only while the
+        front one has fewer than ``below`` tokens left to prefill); returns the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
+            if below and req.prompt_len - self.manager.peek(req.prompt_ids) >= below:
+                break
             max_fed = req.prompt_len + req.max_new_tokens - 1
             lease = None
             with self._isolated(req, failed):
@@ -151,10 +175,7 @@ class Scheduler:
             self.running.append(req)
             with self._isolated(req, failed):
                 budget -= self._prefill(req, budget, items)
-        if not items:
-            return None, failed
-        reqs, inputs, fed_after, samples = zip(*items, strict=True)
-        return ScheduledBatch(reqs, inputs, fed_after, samples), failed
+        return budget
 
     def _expire(self) -> list[StepOutput]:
         """End the requests that waited longer than ``queue_timeout`` (``"timeout"``)."""
