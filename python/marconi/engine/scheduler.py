@@ -149,13 +149,15 @@ class Scheduler:
             if ordered is not None:
                 self.waiting = deque(ordered)
 
-    def _admit(self, budget: int, items: list, failed: list[StepOutput], below: int = 0) -> int:
+    def _admit(
+        self, budget: int, items: list, failed: list[StepOutput], below: int | None = None
+    ) -> int:
         """Admit waiting requests from the front and append their first prefill chunks while
         the budget, the running-request cap and memory allow (with ``below``, only while the
         front one has fewer than ``below`` tokens left to prefill); returns the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
-            if below and req.prompt_len - self.manager.peek(req.prompt_ids) >= below:
+            if below is not None and req.prompt_len - self.manager.peek(req.prompt_ids) >= below:
                 break
             max_fed = req.prompt_len + req.max_new_tokens - 1
             lease = None

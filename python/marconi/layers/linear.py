@@ -1,9 +1,10 @@
 """`Linear`: `nn.Linear` with two CPU fast paths for fp32 inference.
 
-- M >= ``PACKED_MIN_ROWS`` rows (prefill, and decode batches of 4 rows on): oneDNN with a
-  weight reordered once into its blocked layout, faster than the default MKL sgemm of
-  `F.linear` (~20-25% for prefill on an AMD EPYC, one thread; ~1.8x at 4-8 rows on the Intel
-  Xeon of ``docs/performance.md``, two threads).
+- M >= ``PACKED_MIN_ROWS`` rows not taken by the kernels below (prefill, and decode
+  batches past ``SKINNY_ROWS``): oneDNN with a weight reordered once into its blocked
+  layout, faster than the default MKL sgemm of `F.linear` (~20-25% for prefill on an AMD
+  EPYC, one thread; ~1.8x at 4-8 rows on the Intel Xeon of ``docs/performance.md``, two
+  threads).
 - Decode (1 <= M <= ``small_m.MAX_ROWS`` rows, checked first): the C kernel of
   ``marconi.layers.small_m`` when it is enabled (``small_m.set_enabled``; the engine's runner
   enables it only where OpenMP threads sleep at barriers, ``marconi.engine.runner``), which
