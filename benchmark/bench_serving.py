@@ -33,6 +33,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -249,7 +250,11 @@ def run_launched(
 
     def server(name: str) -> Server:
         if name not in up:
-            up[name] = launch(name, args.server_args)
+            log = None
+            if args.server_log:
+                Path(args.server_log).mkdir(parents=True, exist_ok=True)
+                log = Path(args.server_log) / f"{name.replace('/', '_')}.log"
+            up[name] = launch(name, args.server_args, log=log)
             args.base_url, args.concurrency = up[name].url, None
             asyncio.run(bench(args, sessions[:1], salt="[warm-up] "))
         return up[name]
@@ -369,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
         help="with --launch: interleaved replays per policy, percentiles pooled over all of them",
     )
     p.add_argument("--json", default=None, help="write the summaries here")
+    p.add_argument(
+        "--server-log", default=None, help="with --launch: each server's output to DIR/NAME.log"
+    )
     args = p.parse_args(argv)
     args.levels = [int(c) for c in args.concurrency.split(",")] if args.concurrency else [None]
     args.concurrency = args.levels[0]

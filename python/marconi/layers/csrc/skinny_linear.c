@@ -2,12 +2,16 @@
  * OpenMP threads.
  *
  * A decode step streams every weight once; with 4-16 rows oneDNN's packed kernel read `small`'s
- * 593 MB of weights at ~13-15 GB/s on our 2-core VM (which streams ~20 GB/s with two threads),
- * MKL's sgemm slower still from 4 rows on. Here each thread walks its share of weight rows in
- * order, RB rows at a time, against MT input rows held in registers (RB x MT accumulators of
- * 16 lanes; more input rows reread the RB weight rows from L1): 13-25% faster than oneDNN at
- * 4-12 rows in the same process (docs/performance.md). fp32 in, fp32 accumulate (16 lanes, then
- * a tree reduction), so results differ from sgemm only by summation order.
+ * 593 MB of weights at ~13-15 GB/s on our 2-core VM, MKL's sgemm slower still from 4 rows on.
+ * Here a tile takes RB weight rows against MT input rows held in registers (RB x MT
+ * accumulators of 16 lanes; more input rows reread the RB weight rows from L1), and the RB
+ * rows of a tile are a quarter (a sixth) of the weight apart: block b takes rows b, b + B,
+ * b + 2B, ... (B = n / RB), so each thread reads RB long sequential streams, one per part of
+ * the weight, instead of RB short ones that end every RB rows. On an AMD EPYC that made the
+ * small model's decode step 22.5 -> 14.8 ms at 1 row, 33 -> 27 ms at 6 (docs/performance.md):
+ * short streams leave the hardware prefetchers retraining at every tile (rows of 768 floats
+ * streamed at 20 GB/s, of 3072 at 29). fp32 in, fp32 accumulate (16 lanes, then a tree
+ * reduction), so results differ from sgemm only by summation order.
  */
 #ifdef MARCONI_PYEXT
 #include "pyext.h" /* first: Python.h must precede system headers */
@@ -18,51 +22,65 @@
 
 #include "vec_math.h"
 
-#define RB 4 /* weight rows per block */
-#define MT 4 /* input rows per register tile */
-
-/* y for weight rows r .. r + RB - 1 and input rows m0 .. m0 + mt - 1 (mt <= MT) */
-static void tile(const float *x, const float *w, const float *bias, float *y, long n, long k,
-                 long r, long m0, long mt) {
-    long c = 0;
-#ifdef __AVX512F__
-    __m512 acc[RB][MT];
-    for (int a = 0; a < RB; a++)
-        for (int i = 0; i < MT; i++) acc[a][i] = _mm512_setzero_ps();
-    for (; c + 16 <= k; c += 16) {
-        __m512 wv[RB];
-        for (int a = 0; a < RB; a++) wv[a] = _mm512_loadu_ps(w + (r + a) * k + c);
-        for (int i = 0; i < MT; i++) {
-            if (i < mt) {
-                const __m512 xv = _mm512_loadu_ps(x + (m0 + i) * k + c);
-                for (int a = 0; a < RB; a++) acc[a][i] = _mm512_fmadd_ps(wv[a], xv, acc[a][i]);
-            }
-        }
+/* A tile function NAME: y for weight rows r, r + rs, ..., r + (RB - 1) rs and input rows
+ * m0 .. m0 + mt - 1 (mt <= MT); AVX-512 has 32 registers, RB * MT + RB + 1 of them in use. */
+#define TILE(NAME, RB, MT)                                                                     \
+    static void NAME(const float *x, const float *w, const float *bias, float *y, long n,      \
+                     long k, long r, long rs, long m0, long mt) {                               \
+        long c = 0;                                                                             \
+        TILE_SIMD(RB, MT)                                                                       \
+        for (long a = 0; a < RB; a++)                                                           \
+            for (long i = 0; i < mt; i++) {                                                     \
+                const long row = r + a * rs;                                                    \
+                const float s = TILE_LANES(a, i) + dot_lanes(w + row * k, x + (m0 + i) * k, c, k); \
+                y[(m0 + i) * n + row] = s + (bias ? bias[row] : 0.0f);                          \
+            }                                                                                   \
     }
-#endif
-    for (long a = 0; a < RB; a++)
-        for (long i = 0; i < mt; i++) {
-            const float *wr = w + (r + a) * k, *xr = x + (m0 + i) * k;
-#ifdef __AVX512F__
-            float s = _mm512_reduce_add_ps(acc[a][i]);
-#else
-            float s = 0.0f;
-#endif
-            s += dot_lanes(wr, xr, c, k);
-            y[(m0 + i) * n + r + a] = s + (bias ? bias[r + a] : 0.0f);
-        }
-}
 
-/* x [m, k], w [n, k], bias [n] or NULL, y [m, n]; m >= 1. Parallel over blocks of weight rows
- * (a contiguous share per thread) when the weight has at least 64K floats. */
+#ifdef __AVX512F__
+/* 16 columns a step; the columns past the last multiple of 16 go to dot_lanes */
+#define TILE_SIMD(RB, MT)                                                                      \
+    __m512 acc[RB][MT];                                                                         \
+    for (int a = 0; a < RB; a++)                                                                \
+        for (int i = 0; i < MT; i++) acc[a][i] = _mm512_setzero_ps();                           \
+    for (; c + 16 <= k; c += 16) {                                                              \
+        __m512 wv[RB];                                                                          \
+        for (int a = 0; a < RB; a++) wv[a] = _mm512_loadu_ps(w + (r + a * rs) * k + c);         \
+        for (int i = 0; i < MT; i++) {                                                          \
+            if (i < mt) {                                                                       \
+                const __m512 xv = _mm512_loadu_ps(x + (m0 + i) * k + c);                        \
+                for (int a = 0; a < RB; a++) acc[a][i] = _mm512_fmadd_ps(wv[a], xv, acc[a][i]); \
+            }                                                                                   \
+        }                                                                                       \
+    }
+#define TILE_LANES(a, i) _mm512_reduce_add_ps(acc[a][i])
+#else
+#define TILE_SIMD(RB, MT)
+#define TILE_LANES(a, i) 0.0f
+#endif
+
+/* 1-3 input rows: 4 streams per thread; 4 rows and more: 6 (AMD EPYC, small model, decode step
+ * at 1 / 2 / 4 / 6 / 16 rows: 14.7 / 16.6 / 23.5 / 29.5 / 54.0 ms with 4 x 4 tiles, 15.5 /
+ * 18.5 / 21.6 / 26.7 / 47.9 with 6 x 4) */
+TILE(tile4, 4, 4)
+TILE(tile6, 6, 4)
+#define TILE_ROWS 4 /* MT of both */
+
+/* x [m, k], w [n, k], bias [n] or NULL, y [m, n]; m >= 1. Parallel over blocks (a contiguous
+ * share per thread) when the weight has at least 64K floats. */
 void skinny_linear(const float *x, const float *w, const float *bias, float *y, long m, long n,
                    long k, long threads) {
-    const long blocks = n / RB;
+    const long rb = m < 4 ? 4 : 6, blocks = n / rb;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * k >= 1L << 16)
     for (long b = 0; b < blocks; b++)
-        for (long m0 = 0; m0 < m; m0 += MT)
-            tile(x, w, bias, y, n, k, b * RB, m0, m - m0 < MT ? m - m0 : MT);
-    for (long r = blocks * RB; r < n; r++) /* the last n % RB weight rows */
+        for (long m0 = 0; m0 < m; m0 += TILE_ROWS) {
+            const long mt = m - m0 < TILE_ROWS ? m - m0 : TILE_ROWS;
+            if (rb == 4)
+                tile4(x, w, bias, y, n, k, b, blocks, m0, mt);
+            else
+                tile6(x, w, bias, y, n, k, b, blocks, m0, mt);
+        }
+    for (long r = blocks * rb; r < n; r++) /* the last n % rb weight rows */
         for (long i = 0; i < m; i++)
             y[i * n + r] = dot_lanes(w + r * k, x + i * k, 0, k) + (bias ? bias[r] : 0.0f);
 }
