@@ -10,9 +10,10 @@
   enables it only where OpenMP threads sleep at barriers, ``marconi.engine.runner``), which
   then streams the weight faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0``: never).
 - Decode batches of ``SKINNY_ROWS`` rows (1-16): the C kernel ``csrc/skinny_linear.c`` on
-  torch's OpenMP threads, which streams the weight 13-25% faster than the packed path at 4-12
-  rows and ties (Intel) or beats ~3x (AMD) MKL's sgemm at 1-3 (``MARCONI_SKINNY_LINEAR=0``:
-  never).
+  torch's OpenMP threads, which streams the weight faster than the packed path at 4-16 rows
+  (13-25% with its first tiling on an Intel Xeon; its long-stream tiling took the small
+  model's decode step a further 20-35% down on an AMD EPYC) and ties (Intel) or beats ~3x
+  (AMD) MKL's sgemm at 1-3 (``MARCONI_SKINNY_LINEAR=0``: never).
 
 Everything else (and any case either path does not cover) is `F.linear`.
 
