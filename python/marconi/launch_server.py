@@ -42,8 +42,8 @@ _HELP = {
     "max_running_requests": "most requests running at once",
     "chunked_prefill_size": "prefill token budget per step (longer prompts are chunked)",
     "schedule_policy": "admission order: srpf (shortest remaining prefill first: a shorter "
-    "arrival goes before a long prompt's remaining chunks), spf (shortest prefill first), fcfs, "
-    "or lpm (longest cached prefix first)",
+    "arrival goes before a long prompt's remaining chunks, up to half of them), spf (shortest "
+    "prefill first), fcfs, or lpm (longest cached prefix first)",
     "context_length": "longest prompt + completion (None: the model's)",
     "default_max_tokens": "completion cap when a chat request sets no max_tokens",
     "queue_timeout": "seconds a request may wait for admission, then 503 (None: no limit)",

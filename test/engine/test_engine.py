@@ -354,3 +354,24 @@ def test_srpf_lets_a_short_arrival_go_before_a_long_prefill_remainder(policy: st
         assert first == {"long": 4, "short": 5}
     uncached = LLM("tiny", "none", cache_memory="64MB").generate([long_ids, short_ids], GREEDY)
     assert outputs == {"long": uncached[0].token_ids, "short": uncached[1].token_ids}
+
+
+def test_srpf_lets_at_most_half_a_long_prefill_go_ahead_of_it() -> None:
+    # a 4-chunk prompt (64 uncached tokens) starts alone; after its first chunk, three 15-token
+    # prompts arrive: two (30 tokens <= 32, half of 64) go ahead of it, the third waits for it
+    llm = LLM("tiny", "marconi", cache_memory="64MB", chunked_prefill_size=16)
+    engine = llm.engine
+    engine.add_request(engine.make_request(list(b"x" * 63 + b"\n"), GREEDY, rid="long"))
+    assert engine.step() == []
+    for i in range(3):
+        engine.add_request(engine.make_request(list(b"short %d ......\n" % i), GREEDY, rid=f"s{i}"))
+    first: dict[str, int] = {}
+    step = 1
+    while engine.has_unfinished():
+        step += 1
+        for out in engine.step():
+            first.setdefault(out.rid, step)
+        llm.check_integrity()
+    # s0 and s1 go first (s1 starts on step 2's last token); s2 waits for the long remainder
+    # (unbounded, as before the share: s2 on step 4 and the long one on step 7)
+    assert first == {"s0": 2, "s1": 3, "long": 6, "s2": 7}

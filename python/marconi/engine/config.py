@@ -63,9 +63,9 @@ class EngineConfig:
     - ``chunked_prefill_size``: prefill tokens per step over all requests (the token budget);
       a longer prompt is prefilled in chunks across steps, interleaved with decodes.
     - ``schedule_policy``: admission order of waiting requests, ``srpf`` (shortest remaining
-      prefill first: ``spf`` that also lets a shorter arrival go before a mid-prefill
-      remainder), ``spf`` (shortest prefill first), ``fcfs`` or ``lpm`` (longest cached prefix
-      first; ``marconi.engine.schedule_policy``).
+      prefill first: ``spf`` that also lets shorter arrivals go before a mid-prefill
+      remainder, up to half its uncached prompt), ``spf`` (shortest prefill first), ``fcfs``
+      or ``lpm`` (longest cached prefix first; ``marconi.engine.schedule_policy``).
     - ``context_length``: longest prompt + completion; ``None`` = the model's
       ``max_position_embeddings`` (8192 if absent).
     - ``default_max_tokens``: completion length cap when a request gives none.

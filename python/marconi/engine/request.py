@@ -124,6 +124,7 @@ class Req:
     finish_reason: str | None = None
     fed: int = 0
     cached_tokens: int = 0
+    overtaken: int = 0  # prefill tokens admitted ahead of this request while it was mid-prefill
     lease: Lease | None = None
     detok: Detokenizer | None = None
     generator: object | None = None  # torch.Generator for seeded sampling

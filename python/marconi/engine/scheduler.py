@@ -5,8 +5,9 @@ done, plus prefill chunks under a token budget (``chunked_prefill_size``): first
 already mid-prefill, then new requests, in the order of the schedule policy (``fcfs``, ``lpm``,
 ``spf``, ``schedule_policy.py``), admitted while the budget, the running-request cap and memory
 allow. A policy that ``preempts_prefill`` (``srpf``) lets a waiting request with fewer tokens
-left to prefill than the shortest mid-prefill remainder go first (the paused remainder keeps
-its memory and its state and resumes in a later step). Admission reserves all the KV a
+left to prefill than every mid-prefill remainder go first, up to a share of each remainder's
+uncached prompt (the paused remainder keeps its memory and its state and resumes in a later
+step). Admission reserves all the KV a
 request can need, so a running request never runs short and nothing is ever evicted from a
 running request or recomputed; a request that does not fit waits until others finish (their
 memory goes back to the cache, which evicts as needed).
@@ -130,7 +131,7 @@ class Scheduler:
         if mid and self.policy.preempts_prefill:  # shorter arrivals before the remainders
             mid.sort(key=lambda r: r.prompt_len - r.fed)
             self._reorder(budget)
-            budget = self._admit(budget, items, failed, mid[0].prompt_len - mid[0].fed)
+            budget = self._admit(budget, items, failed, mid)
         for req in mid:
             if budget > 0:
                 with self._isolated(req, failed):
@@ -150,15 +151,18 @@ class Scheduler:
                 self.waiting = deque(ordered)
 
     def _admit(
-        self, budget: int, items: list, failed: list[StepOutput], below: int | None = None
+        self, budget: int, items: list, failed: list[StepOutput], ahead_of: Sequence[Req] = ()
     ) -> int:
         """Admit waiting requests from the front and append their first prefill chunks while
-        the budget, the running-request cap and memory allow (with ``below``, only while the
-        front one has fewer than ``below`` tokens left to prefill); returns the budget left."""
+        the budget, the running-request cap and memory allow (with ``ahead_of``, mid-prefill
+        requests, only while the front one may go ahead of them all: ``_may_overtake``);
+        returns the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
-            if below is not None and req.prompt_len - self.manager.peek(req.prompt_ids) >= below:
-                break
+            if ahead_of:
+                todo = req.prompt_len - self.manager.peek(req.prompt_ids)
+                if not all(self._may_overtake(todo, r) for r in ahead_of):
+                    break
             max_fed = req.prompt_len + req.max_new_tokens - 1
             lease = None
             with self._isolated(req, failed):
@@ -175,9 +179,19 @@ class Scheduler:
             req.lease, req.status = lease, Status.RUNNING
             req.fed = req.cached_tokens = lease.prefix_len
             self.running.append(req)
+            for r in ahead_of:
+                r.overtaken += req.prompt_len - req.fed
             with self._isolated(req, failed):
                 budget -= self._prefill(req, budget, items)
         return budget
+
+    def _may_overtake(self, todo: int, req: Req) -> bool:
+        """Whether a prefill of ``todo`` tokens may go ahead of mid-prefill ``req``: it is
+        shorter than ``req``'s remainder, and within what the policy lets go ahead of it."""
+        if todo >= req.prompt_len - req.fed:
+            return False
+        share = self.policy.overtake_share
+        return share is None or req.overtaken + todo <= share * (req.prompt_len - req.cached_tokens)
 
     def _expire(self) -> list[StepOutput]:
         """End the requests that waited longer than ``queue_timeout`` (``"timeout"``)."""
