@@ -3,7 +3,9 @@
 Drives ``Engine.step()`` directly (no HTTP) on fixed batches: ``--batch`` requests of
 ``--prompt-len`` random tokens, prefilled, then ``--steps`` decode steps timed per phase (the
 phases are the engine's own methods, timed by wrapping them on this engine instance). Prints the
-median milliseconds per phase and the model forward alone (``model(...)`` on the same batch)::
+median milliseconds per phase and the model forward alone (``model(...)`` on the same batch).
+Like the server's engine thread, this (only) torch thread pins its OpenMP team when the team
+fills the CPUs (``affinity.pin_threads``; ``--no-pin-threads``: never)::
 
     .venv/bin/python benchmark/profile_step.py --model tiny --batch 1,4,16 --steps 32
 
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from marconi.engine.affinity import pin_threads
 from marconi.engine.config import EngineConfig
 from marconi.engine.engine import Engine
 from marconi.engine.request import SamplingParams
@@ -75,7 +78,10 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=300)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pin-threads", action=argparse.BooleanOptionalAction, default=None)
     args = ap.parse_args()
+    if args.pin_threads is not False:
+        print(f"OpenMP threads pinned to CPUs {pin_threads(args.pin_threads)}")
     print(f"| batch | step ms | {' | '.join(PHASES)} | other |")
     print("|---|---|" + "---|" * (len(PHASES) + 1))
     for b in (int(x) for x in args.batch.split(",")):
