@@ -8,7 +8,7 @@
  * rows of a tile are a quarter (a sixth) of the weight apart: block b takes rows b, b + B,
  * b + 2B, ... (B = n / RB), so each thread reads RB long sequential streams, one per part of
  * the weight, instead of RB short ones that end every RB rows. On an AMD EPYC that made the
- * small model's decode step 22.5 -> 14.8 ms at 1 row, 33 -> 27 ms at 6 (docs/performance.md):
+ * small model's decode step (summed layer timings) 22.5 -> 14.8 ms at 1 row, 33 -> 27 ms at 6:
  * short streams leave the hardware prefetchers retraining at every tile (rows of 768 floats
  * streamed at 20 GB/s, of 3072 at 29). fp32 in, fp32 accumulate (16 lanes, then a tree
  * reduction), so results differ from sgemm only by summation order.
