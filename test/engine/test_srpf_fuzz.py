@@ -26,24 +26,29 @@ def engines() -> tuple[LLM, LLM]:
     return srpf, LLM("tiny", "none", cache_memory="64MB")
 
 
+def prefill_chunks(batch: ScheduledBatch) -> list[tuple[str, int]]:
+    """(request id, tokens) of the batch's prefill chunks, in the batch's order."""
+    return [
+        (req.rid, len(inp.token_ids))
+        for req, inp, fed in zip(batch.reqs, batch.inputs, batch.fed_after, strict=True)
+        if fed - len(inp.token_ids) < req.prompt_len
+    ]
+
+
 def went_ahead(batches: list[ScheduledBatch], rid: str) -> int:
     """Prefill tokens of requests that started after ``rid`` and ran ahead of it while it was
     mid-prefill: before its chunk in a step that has one, or in a step it sat out."""
-    first = last = None
-    for i, b in enumerate(batches):
-        for req, inp, fed in zip(b.reqs, b.inputs, b.fed_after, strict=True):
-            if req.rid == rid and fed - len(inp.token_ids) < req.prompt_len:  # a prefill chunk
-                first = i if first is None else first
-                last = i
-    assert first is not None and last is not None
+    chunks = [prefill_chunks(b) for b in batches]
+    steps = [i for i, c in enumerate(chunks) if any(r == rid for r, _ in c)]
+    first, last = steps[0], steps[-1]
     started = {r.rid for b in batches[: first + 1] for r in b.reqs}
     total = 0
-    for b in batches[first + 1 : last + 1]:
-        for req, inp, fed in zip(b.reqs, b.inputs, b.fed_after, strict=True):
-            if req.rid == rid:
+    for step in chunks[first + 1 : last + 1]:
+        for r, n in step:
+            if r == rid:
                 break
-            if req.rid not in started and fed - len(inp.token_ids) < req.prompt_len:
-                total += len(inp.token_ids)
+            if r not in started:
+                total += n
     return total
 
 

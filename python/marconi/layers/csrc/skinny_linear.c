@@ -60,11 +60,11 @@
 #endif
 
 /* 1-3 input rows: 4 streams per thread; 4 rows and more: 6 (AMD EPYC, small model, decode step
- * at 1 / 2 / 4 / 6 / 16 rows: 14.7 / 16.6 / 23.5 / 29.5 / 54.0 ms with 4 x 4 tiles, 15.5 /
- * 18.5 / 21.6 / 26.7 / 47.9 with 6 x 4) */
-TILE(tile4, 4, 4)
-TILE(tile6, 6, 4)
-#define TILE_ROWS 4 /* MT of both */
+ * as summed layer timings at 1 / 2 / 4 / 6 / 16 rows: 14.7 / 16.6 / 23.5 / 29.5 / 54.0 ms with
+ * 4 x 4 tiles, 15.5 / 18.5 / 21.6 / 26.7 / 47.9 with 6 x 4) */
+#define TILE_ROWS 4 /* MT of both tiles */
+TILE(tile4, 4, TILE_ROWS)
+TILE(tile6, 6, TILE_ROWS)
 
 /* x [m, k], w [n, k], bias [n] or NULL, y [m, n]; m >= 1. Parallel over blocks (a contiguous
  * share per thread) when the weight has at least 64K floats. */
