@@ -77,11 +77,10 @@ def _nemotron_h(hf: dict[str, Any]) -> HybridConfig:
         "mamba_conv_bias": "use_conv_bias",
         "mamba_proj_bias": "use_bias",
         "hidden_act": "mamba_hidden_act",
-        "time_step_limit": "_nemotron_dt_limit",
     }
+    # dt is clamped to ``time_step_limit`` (default (0, inf): no clamp), as in vLLM, SGLang and
+    # transformers >= 5.25 (up to 5.24, transformers clamped at (time_step_min, inf) instead)
     fields = nemotron_h_fields(hf)
-    # transformers clamps dt at (time_step_min, inf) in Nemotron-H, whatever time_step_limit says
-    fields["_nemotron_dt_limit"] = (hf.get("time_step_min", 0.001), float("inf"))
     mamba = _mamba2(nemotron_h_mamba(fields), fields, eps, **nm)
     attn = attention_shape(fields, head_dim=NEMOTRON_H_DEFAULTS["head_dim"])
     act = hf.get("mlp_hidden_act", "relu2")
