@@ -9,11 +9,13 @@ TRACES ?= ../shared/traces
 
 install: $(STAMP)
 
-$(STAMP): python/pyproject.toml
+# python/constraints*.txt: the versions the suite last passed with (a new release of an unpinned
+# dependency cannot change what CI installs); torch is pinned by TORCH / SGL_TORCH.
+$(STAMP): python/pyproject.toml python/constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e "python[dev]"
+	$(PY) -m pip install --quiet -c python/constraints.txt -e "python[dev]"
 	touch $(STAMP)
 
 test: install install-sglang
@@ -67,10 +69,11 @@ SGL_DEPS  := orjson psutil pybase64 requests pillow starlette msgspec pydantic p
 
 install-sglang: $(SGL_STAMP)
 
-$(SGL_STAMP): python/pyproject.toml
+$(SGL_STAMP): python/pyproject.toml python/constraints-sglang.txt
 	python3 -m venv $(SGL_VENV)
 	echo '*' > $(SGL_VENV)/.gitignore
 	printf '%s\n' $(SGL_TORCH) > $(SGL_VENV)/constraints.txt
+	grep -v '^#' python/constraints-sglang.txt >> $(SGL_VENV)/constraints.txt
 	$(SGL_PY) -m pip install --quiet $(SGL_TORCH)
 	$(SGL_PY) -m pip install --quiet --no-deps "$(SGLANG)"
 	$(SGL_PY) -m pip install --quiet -c $(SGL_VENV)/constraints.txt $(SGL_DEPS)
