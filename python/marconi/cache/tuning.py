@@ -169,7 +169,12 @@ class ShadowTuner(AlphaTuner):
     set its own defaults: ``tuner_hints``; while its ``alpha_hold`` is set, the real cache keeps
     that alpha and the shadows keep running). Each shadow measures its alpha's long-run behaviour
     on the live workload (not a short what-if from the current contents), so the choice tracks
-    the best fixed alpha in hindsight and follows the workload when it shifts."""
+    the best fixed alpha in hindsight and follows the workload when it shifts.
+
+    Each request is replayed on the shadows as it is observed, not a window at a time: the same
+    replays in the same order (so the same decisions), but a server's engine thread pays ~1 ms
+    per finished request instead of a ~100 ms stall every ``window`` requests (tiny, 256 MB),
+    which landed on whichever request was in flight."""
 
     name = "shadow"
 
@@ -195,17 +200,19 @@ class ShadowTuner(AlphaTuner):
             shadow.set_alpha(alpha)
             self.shadows.append(shadow)
         self.totals = [0.0] * len(self.grid)
-        self._pending: list[Any] = []
+        self._scores = [0.0] * len(self.grid)  # this window's, so far
+        self._pending = 0  # requests of this window replayed so far
 
     def observe(self, request: Any) -> None:
         self.seen += 1
-        self._pending.append(request)
-        if len(self._pending) < self.window:
-            return
         t = time.perf_counter()
-        scores = [self.replay(shadow, self._pending) for shadow in self.shadows]
+        for i, shadow in enumerate(self.shadows):
+            self._scores[i] += self.replay(shadow, (request,))
         self.tuning_s += time.perf_counter() - t
-        self._pending = []
+        self._pending += 1
+        if self._pending < self.window:
+            return
+        scores, self._scores, self._pending = self._scores, [0.0] * len(self.grid), 0
         self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
         hold = self.cache.eviction.alpha_hold
         if hold is not None:  # the policy keeps its alpha for now; the shadows keep learning
