@@ -3,28 +3,28 @@ change what CI installs (session 23's CI failed on one: transformers 5.25)."""
 
 from __future__ import annotations
 
-import re
 import tomllib
 from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 PYTHON = Path(__file__).resolve().parents[1] / "python"
 
 
 def _name(requirement: str) -> str:
-    """The normalised project name of a requirement string (PEP 503)."""
-    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement.strip())
-    assert match, requirement
-    return re.sub(r"[-_.]+", "-", match.group(0)).lower()
+    return canonicalize_name(Requirement(requirement).name)
 
 
 def _pins(path: Path) -> dict[str, str]:
     pins = {}
     for line in path.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            name, sep, version = line.partition("==")
-            assert sep, f"{path.name}: not an exact pin: {line!r}"
-            pins[_name(name)] = version.strip()
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{path.name}: not an exact pin: {line!r}"
+            pins[canonicalize_name(req.name)] = spec.version
     return pins
 
 

@@ -91,8 +91,8 @@ def test_srpf_bounds_what_goes_ahead_and_keeps_tokens(
             step += 1
     finally:
         engine.scheduler.schedule = schedule  # type: ignore[method-assign]
+    assert SHARE is not None
     for rid, req in reqs.items():
-        assert SHARE is not None
         assert went_ahead(batches, rid) <= SHARE * (req.prompt_len - req.cached_tokens), rid
     want = plain.generate([list(p) for _, p in arrivals], GREEDY)
     assert outputs == {f"r{i}": w.token_ids for i, w in enumerate(want)}

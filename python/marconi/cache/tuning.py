@@ -201,7 +201,6 @@ class ShadowTuner(AlphaTuner):
             self.shadows.append(shadow)
         self.totals = [0.0] * len(self.grid)
         self._scores = [0.0] * len(self.grid)  # this window's, so far
-        self._pending = 0  # requests of this window replayed so far
 
     def observe(self, request: Any) -> None:
         self.seen += 1
@@ -209,10 +208,9 @@ class ShadowTuner(AlphaTuner):
         for i, shadow in enumerate(self.shadows):
             self._scores[i] += self.replay(shadow, (request,))
         self.tuning_s += time.perf_counter() - t
-        self._pending += 1
-        if self._pending < self.window:
+        if self.seen % self.window:
             return
-        scores, self._scores, self._pending = self._scores, [0.0] * len(self.grid), 0
+        scores, self._scores = self._scores, [0.0] * len(self.grid)
         self.totals = [self.decay * t + s for t, s in zip(self.totals, scores, strict=True)]
         hold = self.cache.eviction.alpha_hold
         if hold is not None:  # the policy keeps its alpha for now; the shadows keep learning
