@@ -282,6 +282,32 @@ def test_unknown_schedule_policy_is_a_clear_error() -> None:
         LLM("tiny", "marconi", schedule_policy="random")
 
 
+def test_onednn_keeps_a_primitive_per_row_count_of_a_long_running_server() -> None:
+    """After ``import marconi.engine``, oneDNN's cache keeps more than its default 1,024
+    primitives: a packed ``Linear`` run at 1,100 row counts finds the first one's primitive
+    again (``ONEDNN_VERBOSE`` logs each creation as a cache hit or miss)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEDNN_")}
+    code = (
+        "import marconi.engine, torch; from marconi.layers.linear import Linear; "
+        "torch.set_grad_enabled(False); lin = Linear(16, 8); "
+        "[lin(torch.zeros(m, 16)) for m in [*range(20, 1120), 20]]"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env | {"ONEDNN_VERBOSE": "all"},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    log = out.stdout + out.stderr
+    assert log.count("create:cache_miss,cpu,inner_product") == 1100  # one per row count
+    assert log.count("create:cache_hit,cpu,inner_product") == 1  # the first one's, kept
+
+
 @pytest.mark.parametrize(
     ("preset", "want"),
     [

@@ -27,6 +27,15 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 #: mode (``/sys/kernel/mm/transparent_hugepage/enabled``) it changes nothing.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+#: oneDNN's primitive cache holds 4,096 primitives instead of its default 1,024 (read at its
+#: first primitive), unless the user set it. The packed ``Linear`` path needs one per weight
+#: shape and row count: a step holds up to ``chunked_prefill_size`` + ``max_running_requests``
+#: rows, 7 weight shapes x ~280 row counts on tiny / small, so at 1,024 a long-running server's
+#: prefill steps evicted each other's primitives and rebuilt them (5-7 ms a prefill on tiny,
+#: measured on an AMD EPYC; docs/performance.md, fifteenth pass). The cached primitives cost
+#: ~40-120 MB more RSS there.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "4096")
+
 from marconi.engine.config import EngineConfig
 from marconi.engine.engine import Engine, EngineStats, RequestError
 from marconi.engine.llm import LLM, Completion
