@@ -3,6 +3,8 @@ always given back (integrity + every slot free of requests after each test)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -306,6 +308,30 @@ def test_onednn_keeps_a_primitive_per_row_count_of_a_long_running_server() -> No
     log = out.stdout + out.stderr
     assert log.count("create:cache_miss,cpu,inner_product") == 1100  # one per row count
     assert log.count("create:cache_hit,cpu,inner_product") == 1  # the first one's, kept
+
+
+def test_onednn_cache_grows_with_the_step_size_unless_the_user_chose(monkeypatch, caplog) -> None:
+    """``size_onednn_cache`` raises the capacity to every (weight kind, packed row count) pair
+    a step can hold, in multiples of 1,024, keeps the 4,096 default when that is enough, and
+    keeps (with a warning) a capacity the user set."""
+    import logging
+
+    from marconi.engine import runner
+    from marconi.layers.linear import PACKED_MIN_ROWS, SKINNY, SKINNY_ROWS, Linear
+
+    model = torch.nn.Sequential(Linear(16, 8), Linear(16, 8), Linear(8, 16, bias=False))
+    low = SKINNY_ROWS[1] + 1 if SKINNY.get() is not None else PACKED_MIN_ROWS
+    name = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+    monkeypatch.setattr(runner, "ONEDNN_CAPACITY_SET_BY_USER", False)
+    for rows, want in ((288, 4096), (4000, -(-2 * (4000 - low + 1) // 1024) * 1024)):
+        monkeypatch.setenv(name, "4096")
+        assert runner.size_onednn_cache(model, rows) == 2 * (rows - low + 1)  # 2 weight kinds
+        assert int(os.environ[name]) == want
+    monkeypatch.setattr(runner, "ONEDNN_CAPACITY_SET_BY_USER", True)
+    monkeypatch.setenv(name, "2048")
+    with caplog.at_level(logging.WARNING, logger=runner.__name__):
+        runner.size_onednn_cache(model, 4000)
+    assert os.environ[name] == "2048" and "lower --chunked-prefill-size" in caplog.text
 
 
 @pytest.mark.parametrize(

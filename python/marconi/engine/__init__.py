@@ -28,13 +28,18 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 #: oneDNN's primitive cache holds 4,096 primitives instead of its default 1,024 (read at its
-#: first primitive), unless the user set it. The packed ``Linear`` path needs one per weight
-#: shape and row count: a step holds up to ``chunked_prefill_size`` + ``max_running_requests``
-#: rows, 7 weight shapes x ~280 row counts on tiny / small, so at 1,024 a long-running server's
-#: prefill steps evicted each other's primitives and rebuilt them (5-7 ms a prefill on tiny,
-#: measured on an AMD EPYC; docs/performance.md, fifteenth pass). The cached primitives cost
-#: ~40-120 MB more RSS there.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "4096")
+#: first primitive), unless the user set it; ``Engine`` raises it further before the first
+#: forward pass when its step size needs more (``runner.size_onednn_cache``). The packed
+#: ``Linear`` path needs one per weight shape and row count: a step holds up to
+#: ``chunked_prefill_size`` + ``max_running_requests`` rows, 7 weight shapes x ~270 row counts
+#: on tiny / small, so at 1,024 a long-running server's prefill steps evicted each other's
+#: primitives and rebuilt them (5-7 ms a prefill on tiny, measured on an AMD EPYC;
+#: docs/performance.md, fifteenth pass). The cached primitives cost ~40-120 MB more RSS there.
+if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ:
+    ONEDNN_CAPACITY_SET_BY_USER = True
+else:
+    ONEDNN_CAPACITY_SET_BY_USER = False
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "4096"
 
 from marconi.engine.config import EngineConfig
 from marconi.engine.engine import Engine, EngineStats, RequestError

@@ -24,7 +24,7 @@ from marconi.cache.tuning import AlphaTuner, ShadowTuner, replay_fed
 from marconi.engine.cache_manager import CacheManager
 from marconi.engine.config import EngineConfig
 from marconi.engine.request import Detokenizer, Req, SamplingParams, StepOutput
-from marconi.engine.runner import ModelRunner
+from marconi.engine.runner import ModelRunner, size_onednn_cache
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
 from marconi.engine.scheduler import Scheduler
 from marconi.models.loader import load_model, resolve_model_path
@@ -98,6 +98,7 @@ class Engine:
         protocol = Leases if self.setup.reuse else NoReuse
         self.manager = CacheManager(protocol(self.cache, on_finish), self.memory)
         self.runner = ModelRunner(self.model, self.memory, seed=config.seed)
+        size_onednn_cache(self.model, config.max_running_requests + config.chunked_prefill_size)
         self.scheduler = Scheduler(
             self.manager,
             self.tokenizer,

@@ -6,6 +6,7 @@ already chosen by the cache manager) and the requests' sampling parameters.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -13,13 +14,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from marconi.engine import ONEDNN_CAPACITY_SET_BY_USER
 from marconi.layers import small_m, ssm_step
+from marconi.layers.linear import packed_primitives
 from marconi.models.batch import ForwardBatch, SequenceInput
 
 if TYPE_CHECKING:
     from marconi.engine.request import Req
     from marconi.models.hybrid import HybridForCausalLM
     from marconi.models.memory import HybridMemory
+
+log = logging.getLogger(__name__)
 
 
 def decode_kernel_wanted() -> bool:
@@ -34,6 +39,29 @@ def decode_kernel_wanted() -> bool:
         return forced == "1"
     sleeps = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
     return sleeps and not os.environ.get("GOMP_SPINCOUNT")
+
+
+def size_onednn_cache(model: torch.nn.Module, max_rows: int) -> int:
+    """Make oneDNN's primitive cache hold every primitive the packed `Linear` path can build for
+    ``model`` in steps of up to ``max_rows`` rows (``linear.packed_primitives``; ``marconi.engine``
+    explains the cost of a smaller cache), and return that count. Raises the capacity set by
+    ``import marconi.engine`` (4,096), rounded up to a multiple of 1,024; oneDNN reads it at its
+    first primitive, so this counts only before the process's first packed forward pass (the
+    server's engine is built before any). A capacity the user set is kept, with a warning when
+    it is smaller. Memory grows only with the row counts that actually occur (~60 KB each)."""
+    need = packed_primitives(model, max_rows)
+    name = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+    capacity = int(os.environ.get(name, "1024"))
+    if need > capacity:
+        if ONEDNN_CAPACITY_SET_BY_USER:
+            log.warning(
+                "%s=%d is below the %d oneDNN primitives that steps of up to %d rows can use: "
+                "prefill steps may rebuild them (raise it, or lower --chunked-prefill-size)",
+                name, capacity, need, max_rows,
+            )  # fmt: skip
+        else:
+            os.environ[name] = str(-(-need // 1024) * 1024)
+    return need
 
 
 class ModelRunner:

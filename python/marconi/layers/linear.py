@@ -94,6 +94,15 @@ def packed_linear_enabled() -> bool:
     return _enabled and _AVAILABLE
 
 
+def packed_primitives(model: nn.Module, max_rows: int) -> int:
+    """Most oneDNN primitives the packed path can build for ``model``'s `Linear` layers in steps
+    of up to ``max_rows`` rows: one per weight shape (and bias or not) and row count it takes."""
+    kinds = {(*m.weight.shape, m.bias is None) for m in model.modules() if isinstance(m, Linear)}
+    skinny = range(SKINNY_ROWS[0], SKINNY_ROWS[1] + 1) if SKINNY.get() is not None else range(0)
+    rows = sum(1 for m in range(PACKED_MIN_ROWS, max_rows + 1) if m not in skinny)
+    return len(kinds) * rows if packed_linear_enabled() else 0
+
+
 class Linear(nn.Linear):
     """Drop-in `nn.Linear`; see the module docstring for when the packed path is used."""
 
