@@ -102,3 +102,14 @@ def test_block_granular_density_is_per_byte() -> None:
     assert policy.priority(small) == policy.priority(big)  # chat: bytes play no part
     policy.observe_admission(_block_cache().admission)
     assert policy.priority(big) < policy.priority(small)  # the bigger goes first
+
+
+def test_a_long_prefix_is_worth_what_its_hit_saves() -> None:
+    policy = el.HitDensity()
+    cut = policy.long_prefix
+    leaf = el.class_of(True, 0)
+    short, at_cut, twice = (CandidateInfo(0, 512, 0.0, leaf, n) for n in (100, cut, 2 * cut))
+    assert policy.priority(short) == policy.priority(at_cut)  # up to the cut: density only
+    assert policy.priority(twice) == pytest.approx(2 * policy.priority(at_cut))
+    policy.observe_admission(_block_cache().admission)
+    assert policy.priority(twice) == policy.priority(at_cut)  # block-granular reuse: no term

@@ -10,6 +10,12 @@ node hit once) learns to go first; a conversation tip learns the think-time dist
 its workload, so under thrashing the cache keeps a stable subset of sessions instead of
 evicting every tip just before its next turn.
 
+What a hit saves grows with the prefix, which the density alone does not count: past
+``long_prefix`` tokens a candidate's density is multiplied by ``tokens / long_prefix``, so
+every shorter prefix is ranked as before and a 60k-token agent context is not evicted like a
+chat tip (SWE-bench sessions of 30-60k tokens decided the SWE cells: docs/admission.md,
+session 26).
+
 Classes (``kind``): leaf or inner node x hits so far (0, 1, 2, 3+). The histograms decay by
 half every ``half_life`` events so the policy follows workload shifts.
 
@@ -83,8 +89,9 @@ def hit_density(hits: np.ndarray, ends: np.ndarray) -> np.ndarray:
 class HitDensity(EvictionPolicy):
     """Evict the lowest ``hit_density(kind, age) * tokens ** alpha`` (``tokens``: the prefix a
     hit on the node gives; ``alpha`` weighs what a hit saves against how likely it is, tuned
-    online over ``alpha_grid`` like the FLOP-aware weight); a candidate that cannot be hit (a
-    leaf without a state in a hybrid model) goes first. A class's density is shrunk towards the
+    online over ``alpha_grid`` like the FLOP-aware weight), times ``tokens / long_prefix``
+    past ``long_prefix`` tokens; a candidate that cannot be hit (a leaf without a state in a
+    hybrid model) goes first. A class's density is shrunk towards the
     pooled density of all classes with weight ``prior / (prior + its lifetimes)``; with nothing
     recorded yet it is LRU (density ``1 / (age + 1)``). Priorities change with age, so the
     index refits when the clock has moved by a fifth of the candidates' age span."""
@@ -107,8 +114,12 @@ class HitDensity(EvictionPolicy):
         prior: float = 32.0,
         block_prior: float = 256.0,
         block_size_penalty: float = 0.1,
+        long_prefix: int = 16384,
     ) -> None:
         self.alpha = float(alpha)
+        #: prefix length (tokens) from which a hit's worth scales the density (not on
+        #: block-granular reuse, whose long prefixes are mostly never reused)
+        self.long_prefix = long_prefix
         self.half_life = half_life
         self.prior = prior
         self.block_prior = block_prior
@@ -169,6 +180,9 @@ class HitDensity(EvictionPolicy):
         if not info.tokens:
             return -1.0
         density = self._rows[info.kind][_bin_of(self.now - info.last_access)]
-        if self.block_granular and info.bytes_freed:
-            density /= info.bytes_freed**self.block_size_penalty
+        if self.block_granular:
+            if info.bytes_freed:
+                density /= info.bytes_freed**self.block_size_penalty
+        elif info.tokens > self.long_prefix:
+            density *= info.tokens / self.long_prefix
         return density * info.tokens**self.alpha if self.alpha else density
