@@ -3,20 +3,16 @@
 # "Reasoning variant"), each one bench_serving.py command: policies compared with each other on
 # one server build, 2 interleaved rounds, percentiles pooled. Needs `make install`. Writes
 # results/policy_tables/ (a .md table and a .json with every request per command).
-#   bash benchmark/policy_tables.sh                 # ~15 min on the 2-core dev machine
+#   bash benchmark/policy_tables.sh                 # ~12 min on the 2-core dev machine
 #   OUT=results/s26/policy bash benchmark/policy_tables.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-results/policy_tables}
 mkdir -p "$OUT"
-{
-  echo "date: $(date -u +%FT%TZ)  commit: $(git rev-parse --short HEAD)"
-  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-  echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "other processes over 5% CPU:"
-  ps -eo pcpu,comm --sort=-pcpu | awk 'NR > 1 && $1 > 5'
-} | tee "$OUT/machine.txt"
+source benchmark/machine.sh
+machine_header "$OUT/machine.txt"
+echo "commit: $(git rev-parse --short HEAD)" | tee -a "$OUT/machine.txt"
 common=(--num-sessions 10 --max-output-len 16 --ascii-only --rounds 2)
 table() {  # name, then bench_serving.py arguments
   local name=$1

@@ -14,13 +14,8 @@ ROUNDS=${ROUNDS:-4}
 OUT=${OUT:-results/vs_vllm}
 OURS=${OURS:-marconi}
 mkdir -p "$OUT"
-{
-  echo "date: $(date -u +%FT%TZ)"
-  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-  echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "other processes over 5% CPU:"
-  ps -eo pcpu,comm --sort=-pcpu | awk 'NR > 1 && $1 > 5'
-} | tee "$OUT/machine.txt"
+source benchmark/machine.sh
+machine_header "$OUT/machine.txt"
 for model in $MODELS; do
   # small is ~4x tiny's compute per token: fewer sessions keep a round near a minute (18 requests)
   if [ "$model" = small ]; then len=300; sessions=6; else len=300; sessions=12; fi

@@ -87,14 +87,15 @@ def hit_density(hits: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 @EVICTION_POLICIES.register("hit-density")
 class HitDensity(EvictionPolicy):
-    """Evict the lowest ``hit_density(kind, age) * tokens ** alpha`` (``tokens``: the prefix a
-    hit on the node gives; ``alpha`` weighs what a hit saves against how likely it is, tuned
-    online over ``alpha_grid`` like the FLOP-aware weight), times ``tokens / long_prefix``
-    past ``long_prefix`` tokens; a candidate that cannot be hit (a leaf without a state in a
-    hybrid model) goes first. A class's density is shrunk towards the
-    pooled density of all classes with weight ``prior / (prior + its lifetimes)``; with nothing
-    recorded yet it is LRU (density ``1 / (age + 1)``). Priorities change with age, so the
-    index refits when the clock has moved by a fifth of the candidates' age span."""
+    """Evict the lowest ``hit_density(kind, age) * tokens ** alpha`` (``tokens``: the prefix
+    a hit on the node gives; ``alpha`` weighs what a hit saves against how likely it is,
+    tuned online over ``alpha_grid`` like the FLOP-aware weight), times
+    ``tokens / long_prefix`` past ``long_prefix`` tokens; a candidate that cannot be hit (a
+    leaf without a state in a hybrid model) goes first. A class's density is shrunk towards the
+    pooled density of all classes with weight ``prior / (prior + its lifetimes)``; with
+    nothing recorded yet it is LRU (density ``1 / (age + 1)``). Priorities change with age,
+    so the index refits when the clock has moved by a tenth of the candidates' age span
+    (``stale``)."""
 
     name = "hit-density"
     single_child = True
