@@ -1,11 +1,13 @@
-"""CUDA variant of the runtime's acceptance checks (run by check_runtime.sh on a lent GPU).
+"""The runtime's acceptance checks on a device (run by check_runtime.sh; CUDA on a lent GPU).
 
-Runs the HF-equivalence cases and the resume check with model and memory on CUDA, in fp32
-(tolerances as on CPU) and bf16 (loose, reported only).
+Runs the HF-equivalence cases and the resume check with model and memory on ``DEVICE``
+(default: cuda if torch sees one, else cpu, so the script runs here too), in fp32 (TF32 off:
+the tolerances of the CPU tests), fp32 with torch's TF32 defaults and bf16 (both reported only).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -20,7 +22,9 @@ from model_helpers import greedy_decode, prefill
 
 
 def main() -> int:
-    dev, failures = torch.device("cuda"), 0
+    default = "cuda" if torch.cuda.is_available() else "cpu"
+    dev, failures = torch.device(os.environ.get("DEVICE", default)), 0
+    torch_default = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     for make in (eq._nemotron_h, eq._granite, eq._bamba, eq._jamba):
         torch.manual_seed(0)
         hf = make().eval()
@@ -30,7 +34,12 @@ def main() -> int:
         ids = torch.randint(
             0, eq.VOCAB, (eq.PROMPT,), generator=torch.Generator().manual_seed(2)
         ).tolist()
-        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, None)):
+        ieee = (False, False)
+        cases = [("fp32", torch.float32, 1e-4, ieee), ("bf16", torch.bfloat16, None, ieee)]
+        if dev.type == "cuda":  # torch's own default lets cuDNN convolve fp32 in TF32
+            cases.insert(1, ("fp32+tf32", torch.float32, None, torch_default))
+        for label, dtype, tol, (mm, cudnn) in cases:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = mm, cudnn
             ours = load_model(folder, dtype=dtype, device=dev)
             mem = ours.allocate_memory(eq.PROMPT + eq.STEPS + 1, 2)
             logits = prefill(ours, mem, ids, range(eq.PROMPT), 0)
@@ -41,7 +50,8 @@ def main() -> int:
                       (dec.cpu() - ref[eq.PROMPT :]).abs().max().item())  # fmt: skip
             ok = tol is None or err <= tol
             failures += not ok
-            print(f"{make.__name__[1:]:12s} {dtype!s:15s} {err:.2e} {'ok' if ok else 'FAIL'}")
+            verdict = "reported" if tol is None else ("ok" if ok else "FAIL")
+            print(f"{make.__name__[1:]:12s} {label:10s} {err:.2e} {verdict}")
     ours = load_model("tiny", device=dev)
     mem = ours.allocate_memory(1024, 4)
     ids = list(range(200))
@@ -50,7 +60,7 @@ def main() -> int:
     rest = prefill(ours, mem, ids[150:], [*range(150), *range(512, 562)], 2)
     err = (rest - full[150:]).abs().max().item()
     failures += err > 1e-4
-    print(f"resume tiny cuda max|diff| {err:.2e}")
+    print(f"resume tiny {dev} max|diff| {err:.2e}")
     return 1 if failures else 0
 
 
