@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -21,19 +22,33 @@ from marconi.models import load_model
 from model_helpers import greedy_decode, prefill
 
 
-def main() -> int:
-    default = "cuda" if torch.cuda.is_available() else "cpu"
-    dev, failures = torch.device(os.environ.get("DEVICE", default)), 0
-    torch_default = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+def device() -> torch.device:
+    """``$DEVICE``, else cuda where torch sees one, else the CPU."""
+    return torch.device(os.environ.get("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def hf_cases() -> Iterator[tuple[str, torch.nn.Module, Path, list[int]]]:
+    """(name, randomized transformers model on the CPU, its saved folder, prompt ids) for each
+    config of the CPU equivalence test, built as that test builds them."""
     for make in (eq._nemotron_h, eq._granite, eq._bamba, eq._jamba):
         torch.manual_seed(0)
         hf = make().eval()
         eq._randomize(hf, 1)
         folder = Path(tempfile.mkdtemp())
         hf.save_pretrained(folder)
-        ids = torch.randint(
-            0, eq.VOCAB, (eq.PROMPT,), generator=torch.Generator().manual_seed(2)
-        ).tolist()
+        gen = torch.Generator().manual_seed(2)
+        yield (
+            make.__name__[1:],
+            hf,
+            folder,
+            torch.randint(0, eq.VOCAB, (eq.PROMPT,), generator=gen).tolist(),
+        )
+
+
+def main() -> int:
+    dev, failures = device(), 0
+    torch_default = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    for name, hf, folder, ids in hf_cases():
         ieee = (False, False)
         cases = [("fp32", torch.float32, 1e-4, ieee), ("bf16", torch.bfloat16, None, ieee)]
         if dev.type == "cuda":  # torch's own default lets cuDNN convolve fp32 in TF32
@@ -51,7 +66,7 @@ def main() -> int:
             ok = tol is None or err <= tol
             failures += not ok
             verdict = "reported" if tol is None else ("ok" if ok else "FAIL")
-            print(f"{make.__name__[1:]:12s} {label:10s} {err:.2e} {verdict}")
+            print(f"{name:12s} {label:10s} {err:.2e} {verdict}")
     ours = load_model("tiny", device=dev)
     mem = ours.allocate_memory(1024, 4)
     ids = list(range(200))

@@ -12,9 +12,7 @@ as a small, spread-out difference that vanishes with TF32 off.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -25,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test" / "models"))
 
 import test_equivalence_hf as eq
+from check_runtime_cuda import device, hf_cases
 from marconi.models import load_model
 from model_helpers import greedy_decode, prefill
 
@@ -75,41 +74,31 @@ def main() -> int:
     ap.add_argument("--tol", type=float, default=1e-5, help="relative to the module's max |out|")
     args = ap.parse_args()
     default = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    dev = torch.device(os.environ.get("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
-    print(f"device {dev}; torch defaults: matmul tf32 {torch.backends.cuda.matmul.allow_tf32}, "
-          f"cudnn tf32 {torch.backends.cudnn.allow_tf32}, "
-          f"float32 matmul precision {torch.get_float32_matmul_precision()}")  # fmt: skip
-    for make in (eq._nemotron_h, eq._granite, eq._bamba, eq._jamba):
-        torch.manual_seed(0)
-        hf = make().eval()
-        eq._randomize(hf, 1)
-        folder = Path(tempfile.mkdtemp())
-        hf.save_pretrained(folder)
-        ids = torch.randint(0, eq.VOCAB, (eq.PROMPT,), generator=torch.Generator().manual_seed(2))
+    dev = device()
+    print(f"device {dev}; torch defaults: matmul tf32 {default[0]}, cudnn tf32 {default[1]}, "
+          f"float32 matmul precision {torch.get_float32_matmul_precision()}; compared with "
+          "TF32 off (it made no difference on an H200, session 27)")  # fmt: skip
+    set_tf32(False, False)
+    for name, _hf, folder, ids in hf_cases():
         runs = {}
         for key, where in (("ref", torch.device("cpu")), ("dev", dev)):
             model = load_model(folder, device=where)
             runs[key] = model, model.allocate_memory(eq.PROMPT + 4, 2)
-        model, mem = runs["ref"]
-        args_ = (ids.tolist(), range(eq.PROMPT), 0)
-        ref, ref_logits = outputs(model, partial(prefill, model, mem, *args_))
-        for tf32 in ((False, False),):  # TF32 made no difference on an H200 (session 27)
-            set_tf32(*tf32)
-            model, mem = runs["dev"]
-            got, logits = outputs(model, partial(prefill, model, mem, *args_))
-            name = make.__name__[1:]
-            report(name, f"tf32 {tf32} prefill", ref, got, ref_logits, logits, args.tol)
-            # decode: the CPU's greedy tokens, fed to both (a near tie cannot fork them)
-            tok = int(ref_logits[-1].argmax())
-            for step in range(3):
-                pos = eq.PROMPT + step
-                steps = []
-                for key in ("ref", "dev"):
-                    m, k = runs[key]
-                    steps.append(outputs(m, partial(greedy_decode, m, k, tok, pos, 1, 0)))
-                (ref_d, (_, ref_dec)), (got_d, (_, dec)) = steps
-                report(name, f"tf32 {tf32} decode {step}", ref_d, got_d, ref_dec, dec, args.tol)
-                tok = int(ref_dec[-1].argmax())
+        prefill_args = (ids, range(eq.PROMPT), 0)
+        (ref, ref_logits), (got, logits) = (
+            outputs(m, partial(prefill, m, k, *prefill_args)) for m, k in runs.values()
+        )
+        report(name, "prefill", ref, got, ref_logits, logits, args.tol)
+        # decode: the CPU's greedy tokens, fed to both (a near tie cannot fork them)
+        tok = int(ref_logits[-1].argmax())
+        for step in range(3):
+            pos = eq.PROMPT + step
+            steps = [
+                outputs(m, partial(greedy_decode, m, k, tok, pos, 1, 0)) for m, k in runs.values()
+            ]
+            (ref_d, (_, ref_dec)), (got_d, (_, dec)) = steps
+            report(name, f"decode {step}", ref_d, got_d, ref_dec, dec, args.tol)
+            tok = int(ref_dec[-1].argmax())
         set_tf32(*default)
     return 0
 
