@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
                 history = prompt + outs[0]
                 total += 1
                 exact += outs[0] == outs[1]
-                if len(outs) > 2:
+                if not args.no_vllm:
                     with_vllm += outs[0] == outs[2]
                     if outs[0] != outs[2]:
                         gaps.append(top2_gap(args.model, prompt, outs[0], outs[2]))

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Device check of the hybrid model runtime and our OpenAI server (never needed by CI). One call
 # on a lent GPU runs it all: DEVICE defaults to cuda where torch sees one, else cpu, so the same
-# script runs here and only the device differs. Each part runs even if an earlier one failed;
-# the exit status says whether any failed. Logs in ${OUT:-/tmp/marconi-device}:
-#   equivalence.txt  HF-equivalence (fp32 1e-4, bf16 reported) + resume from a copied state
+# script runs here and only the device differs. Each part runs even if an earlier one failed
+# (a part past PART_TIMEOUT s gets SIGINT, so its script stops the servers it started); the
+# exit status says whether any failed. Logs in ${OUT:-/tmp/marconi-device}:
+#   layers.txt       ours on DEVICE vs ours on the CPU, module by module (diff_layers.py;
+#                    diagnostic: prints, never fails)
+#   equivalence.txt  HF-equivalence (fp32 with TF32 off at 1e-4; fp32 with torch's TF32
+#                    defaults and bf16 reported) + resume from a copied state
 #   tokens-*.txt     our server with vs without the cache, greedy, token for token, and its
 #                    cached prompt tokens (benchmark/compare_tokens.py --no-vllm)
 #   latency-*.txt    cold-prefill TTFT by prompt length and single-stream ITL, served
 #                    (benchmark/bench_latency.py), cache on vs off
 #   bench.txt        the model forward alone, prefill and decode (benchmark/bench_model.py)
-# The device machine's python3 has torch, safetensors, tokenizers and httpx, an older transformers
-# and not the server's web stack: `benchmark/device/wheels.sh` fetches the wheels into .whl, which
-# are installed into /tmp/site when the stack is missing (carry [".whl"] in the device call). Usage: [DEVICE=cuda|cpu] benchmark/device/check_runtime.sh [python]
+# The device machine's python3 has torch, safetensors, tokenizers and httpx, an older
+# transformers and not the server's web stack: `benchmark/device/wheels.sh` fetches the wheels
+# into .whl, installed into /tmp/site when the stack is missing (carry [".whl"] in the call).
+# Usage: [DEVICE=cuda|cpu] benchmark/device/check_runtime.sh [python]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${1:-${PY:-.venv/bin/python}}
@@ -32,9 +37,8 @@ part() {  # $1 = log name, rest = command; tee'd, timed (PART_TIMEOUT s), failur
   local name=$1; shift
   echo "== $name: $*"
   local t0=$SECONDS
-  timeout "${PART_TIMEOUT:-240}" "$@" 2>&1 | grep -v -i warn | tee "$OUT/$name.txt"
+  timeout -s INT -k 30 "${PART_TIMEOUT:-240}" "$@" 2>&1 | grep -v -i warn | tee "$OUT/$name.txt"
   local rc=${PIPESTATUS[0]}
-  pkill -f marconi.launch_server  # a part stopped by its timeout leaves its servers behind
   echo "== $name: exit $rc, $((SECONDS - t0)) s"
   ((rc == 0)) || failed+=("$name")
 }

@@ -27,6 +27,11 @@ def device() -> torch.device:
     return torch.device(os.environ.get("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def set_tf32(matmul: bool, cudnn: bool) -> None:
+    """Whether CUDA matmuls / cuDNN convolutions may round fp32 inputs to TF32."""
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 def hf_cases() -> Iterator[tuple[str, torch.nn.Module, Path, list[int]]]:
     """(name, randomized transformers model on the CPU, its saved folder, prompt ids) for each
     config of the CPU equivalence test, built as that test builds them."""
@@ -54,7 +59,7 @@ def main() -> int:
         if dev.type == "cuda":  # torch's own default lets cuDNN convolve fp32 in TF32
             cases.insert(1, ("fp32+tf32", torch.float32, None, torch_default))
         for label, dtype, tol, (mm, cudnn) in cases:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = mm, cudnn
+            set_tf32(mm, cudnn)
             ours = load_model(folder, dtype=dtype, device=dev)
             mem = ours.allocate_memory(eq.PROMPT + eq.STEPS + 1, 2)
             logits = prefill(ours, mem, ids, range(eq.PROMPT), 0)
