@@ -64,7 +64,9 @@ def chat_sessions(
     return out
 
 
-def small_cache(tokens: int, states: int, admission: str, eviction: str = "lru"):
+def small_cache(
+    tokens: int, states: int, admission: str, eviction: str = "lru", **admission_args: object
+):
     """A paper-7b cache whose shared budget holds ``tokens`` tokens of KV + ``states`` states
     (test/sim cannot import the top-level conftest in a whole-suite run)."""
     from marconi.cache.cost import load_cost_model
@@ -73,7 +75,7 @@ def small_cache(tokens: int, states: int, admission: str, eviction: str = "lru")
 
     cost = load_cost_model("paper-7b")
     budget = MemoryBudget.shared(tokens * cost.kv_bytes_per_token + states * cost.state_bytes)
-    return PrefixCache(cost, budget, CacheConfig(admission, {}, eviction))
+    return PrefixCache(cost, budget, CacheConfig(admission, admission_args, eviction))
 
 
 def block_chains(chains: int = 6, turns: int = 6, block: int = 512, seed: int = 3) -> list[Request]:
@@ -90,4 +92,24 @@ def block_chains(chains: int = 6, turns: int = 6, block: int = 512, seed: int = 
             out.append(Request(f"b{c}-{t}", 0, float(len(out)), np.concatenate([blocks[c], tail]),
                                _ids(rng, 8, 0)))  # fmt: skip
             blocks[c] = np.concatenate([blocks[c], _ids(rng, block, 0)])
+    return out
+
+
+def ending_chats(
+    sessions: int = 8, requests: int = 400, seed: int = 4, end_len: int = 700
+) -> list[Request]:
+    """``chat_sessions`` whose conversations end once their history passes ``end_len``
+    tokens (as ShareGPT's, split near a length limit), a new one starting in its place: a
+    short conversation's tip is always resumed, one past ``end_len`` never."""
+    rng = np.random.default_rng(seed)
+    history = {s: _ids(rng, 300, 0) for s in range(sessions)}
+    started = sessions
+    out: list[Request] = []
+    while len(out) < requests:
+        for s in rng.permutation(sessions).tolist():
+            answer = _ids(rng, 40, 0)
+            out.append(Request(f"e{s}", 0, float(len(out)), history[s], answer))
+            history[s] = np.concatenate([history[s], answer, _ids(rng, 30, 0)])
+            if len(history[s]) > end_len:  # this conversation ended: another starts
+                history[s], started = _ids(rng, 300, 0), started + 1
     return out

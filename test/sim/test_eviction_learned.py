@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from marconi.cache import eviction_learned as el
+from marconi.cache.admission import length_bin
 from marconi.cache.eviction import CandidateInfo
 from marconi.cache.prefix_cache import PrefixCache, clone_cache
 from marconi.cache.tuning import ShadowTuner
 from marconi.sim.replay import Replayer
-from synthetic import block_chains, chat_sessions, small_cache
+from synthetic import block_chains, chat_sessions, ending_chats, small_cache
 
 
 def test_hit_density_is_hits_over_remaining_lifetime() -> None:
@@ -113,3 +114,29 @@ def test_a_long_prefix_is_worth_what_its_hit_saves() -> None:
     assert policy.priority(twice) == pytest.approx(2 * policy.priority(at_cut))
     policy.observe_admission(_block_cache().admission)
     assert policy.priority(twice) == policy.priority(at_cut)  # block-granular reuse: no term
+
+
+def _ending_replay(by_length: bool) -> tuple[PrefixCache, int]:
+    cache = small_cache(4000, 10, "learned", "hit-density", by_length=by_length)
+    rp = Replayer(cache)
+    for req in ending_chats():
+        rp.serve(req)
+        cache.check_integrity(deep=True)
+    return cache, rp.hit_tokens
+
+
+def test_conversations_that_end_long_are_evicted_first() -> None:
+    """The ghosts show which lengths are resumed (conversations end past 700 tokens here):
+    short tips are kept over ended ones, uncensored by what the eviction kept."""
+    cache, hits = _ending_replay(True)
+    weight = cache.admission.reuse_by_length()
+    assert weight is not None
+    resumed, ended = length_bin(409), length_bin(689)  # turn 2's tip; the last turn's
+    assert weight[ended] < 1.0 < weight[resumed]
+    policy, leaf = cache.eviction, el.class_of(True, 0)
+    short, long = (CandidateInfo(policy.now, 0, 0.0, leaf, n) for n in (409, 689))
+    assert policy.priority(long) < policy.priority(short)
+    inner = CandidateInfo(policy.now, 0, 0.0, el.class_of(False, 1), 689)  # not a tip: as before
+    assert policy.priority(inner) == policy.density(inner.kind, 0)
+    _, without = _ending_replay(False)
+    assert hits > without

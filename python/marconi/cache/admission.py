@@ -7,6 +7,7 @@ is offered to the tree on insert; positions are absolute (prefix lengths).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
@@ -42,6 +43,16 @@ def _last_multiple(step: int, lo: int, hi: int) -> tuple[int, ...]:
     return (last,) if last > lo else ()
 
 
+#: ``length_bin``'s resolution: bins per doubling of the prefix length
+LENGTH_BINS_PER_OCTAVE = 4
+LENGTH_BINS = LENGTH_BINS_PER_OCTAVE * 24  # lengths up to 2^24 tokens
+
+
+def length_bin(tokens: int) -> int:
+    """A prefix length's bin for ``AdmissionPolicy.reuse_by_length`` (log-spaced)."""
+    return min(int(math.log2(tokens + 1) * LENGTH_BINS_PER_OCTAVE), LENGTH_BINS - 1)
+
+
 class AdmissionPolicy(ABC):
     """Chooses checkpoint positions. Contract: positions are strictly increasing, within
     ``(usable_len, input_len]`` for prefill and ``(input_len, seq_len]`` for decode."""
@@ -65,6 +76,12 @@ class AdmissionPolicy(ABC):
         from block-aligned positions of earlier inputs (Mooncake), not from where a request
         ended. Read by a learning eviction policy (``EvictionPolicy.observe_admission``)."""
         return False
+
+    def reuse_by_length(self) -> list[float] | None:
+        """How much likelier than average a request that ended at a prefix length is to be
+        resumed by a later one, per ``length_bin`` (1.0: average), or None if this policy
+        does not learn it. Read by a learning eviction policy at its refits."""
+        return None
 
     @abstractmethod
     def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]: ...

@@ -21,6 +21,13 @@ admits the kinds that pay on this workload:
   back when the workload starts to reuse it. Before any credit, ``PRIOR`` holds (the last
   decoded token and one token before the prompt end).
 
+The same ghosts say which *lengths* get resumed (``reuse_by_length``): each request that
+finishes is one chance at its final length, and the ghost a later request resumes from is one
+resumption at the ghost's length. Unlike the cache's own hits these counts do not depend on
+what the eviction kept, so a learning eviction can weigh its leaves by them (on ShareGPT,
+conversations end near the length at which the dataset split them: docs/admission.md,
+session 28).
+
 The branch point is always admitted (speculative insertion only finds real sharing). Bound:
 at most ``1 + len(Kind)`` = 6 new states per request (branch + one per kind), usually 1-2.
 Fingerprints cover the position and the 16 tokens before it, so two prefixes can collide; a
@@ -37,9 +44,11 @@ import numpy as np
 
 from marconi.cache.admission import (
     ADMISSION_POLICIES,
+    LENGTH_BINS,
     AdmissionContext,
     AdmissionPolicy,
     _decode_multiples,
+    length_bin,
 )
 
 _FP_TOKENS = 16
@@ -128,6 +137,8 @@ class GhostAdmission(AdmissionPolicy):
         ghosts: int = 8192,
         half_life: int = 1024,
         tries: int = 32,
+        length_prior: float = 32.0,
+        by_length: bool = True,
     ) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
@@ -137,12 +148,19 @@ class GhostAdmission(AdmissionPolicy):
         self.credit = np.zeros(len(Kind))
         self.enabled = set(self.PRIOR)
         self._events = 0
+        #: per ``length_bin``: requests that ended there, and later requests resumed there
+        self.ended = np.zeros(LENGTH_BINS)
+        self.resumed = np.zeros(LENGTH_BINS)
+        #: pseudo-requests at the pooled rate that each bin's rate is shrunk towards
+        self.length_prior = length_prior
+        self.by_length = by_length  # False: offer no ``reuse_by_length`` (A/B runs)
 
     # -------------------------------------------------------------- learning
     def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> None:
         hit = self.ghosts.deepest(tokens, usable_len, min(key_len, len(tokens)), self.tries)
         if hit is not None:
             pos, mask = hit
+            self.resumed[length_bin(pos)] += 1
             for k in Kind:
                 if mask >> k & 1:
                     self.credit[k] += pos
@@ -154,6 +172,7 @@ class GhostAdmission(AdmissionPolicy):
 
     def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:
         n = len(tokens)
+        self.ended[length_bin(max(n, input_len))] += 1
         if n <= input_len:
             return
         self._propose(tokens, Kind.DECODED, n)
@@ -170,6 +189,8 @@ class GhostAdmission(AdmissionPolicy):
         if self._events % self.half_life == 0:
             self.proposals *= 0.5
             self.credit *= 0.5
+            self.ended *= 0.5
+            self.resumed *= 0.5
         if not self.credit.any():
             return
         yields = self.credit / np.maximum(self.proposals, 1.0)
@@ -179,6 +200,17 @@ class GhostAdmission(AdmissionPolicy):
     @property
     def block_granular(self) -> bool:
         return Kind.ALIGNED_INPUT in self.enabled
+
+    def reuse_by_length(self) -> list[float] | None:
+        ended = self.ended.sum()
+        rate = self.resumed.sum() / ended if ended else 0.0
+        if not (rate and self.by_length):
+            return None
+        # a resumption can land a bin below the request's end (a prompt-end ghost): cap at 1
+        own = (np.minimum(self.resumed, self.ended) + self.length_prior * rate) / (
+            self.ended + self.length_prior
+        )
+        return (own / rate).tolist()
 
     def yields(self) -> dict[str, float]:
         """Credited tokens per proposal, per kind (for reports)."""

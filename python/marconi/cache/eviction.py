@@ -154,13 +154,15 @@ class EvictionIndex:
             if len(self._heap) > 4 * len(self.tree.nodes) + 1024:
                 self.rebuild()
 
-    def rebuild(self) -> None:
+    def rebuild(self, refit: bool = True) -> None:
         """Refit the policy over all current candidates and rebuild the heap (drops stale
-        entries). O(n); called once per epoch."""
+        entries). O(n); called once per epoch. ``refit=False`` keeps the policy's fitted state
+        (a clone's index: it must rank as the cache it copies does)."""
         single = self.policy.single_child
         cands = [n for n in self.tree.iter_nodes() if self.tree.is_candidate(n, single)]
         infos = [self.info(n) for n in cands]
-        self.policy.fit(infos)
+        if refit:
+            self.policy.fit(infos)
         self._heap = [
             (self.policy.priority(i), next(self._seq), n.version, n)
             for n, i in zip(cands, infos, strict=True)

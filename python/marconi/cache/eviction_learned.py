@@ -16,6 +16,12 @@ every shorter prefix is ranked as before and a 60k-token agent context is not ev
 chat tip (SWE-bench sessions of 30-60k tokens decided the SWE cells: docs/admission.md,
 session 26).
 
+Which conversations have ended is what separates the cache from Belady on chat traffic
+(docs/admission.md, sessions 17 and 28), and the admission's ghosts see it uncensored: a
+leaf's density is multiplied by how much likelier than average a request that ended at its
+length is to be resumed (``AdmissionPolicy.reuse_by_length``, adopted at each refit; not on
+block-granular reuse, whose leaves are not where requests ended).
+
 Classes (``kind``): leaf or inner node x hits so far (0, 1, 2, 3+). The histograms decay by
 half every ``half_life`` events so the policy follows workload shifts.
 
@@ -37,6 +43,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from marconi.cache.admission import length_bin
 from marconi.cache.eviction import EVICTION_POLICIES, CandidateInfo, EvictionPolicy
 
 if TYPE_CHECKING:
@@ -90,7 +97,8 @@ class HitDensity(EvictionPolicy):
     """Evict the lowest ``hit_density(kind, age) * tokens ** alpha`` (``tokens``: the prefix
     a hit on the node gives; ``alpha`` weighs what a hit saves against how likely it is,
     tuned online over ``alpha_grid`` like the FLOP-aware weight), times
-    ``tokens / long_prefix`` past ``long_prefix`` tokens; a candidate that cannot be hit (a
+    ``tokens / long_prefix`` past ``long_prefix`` tokens, times (leaves) the admission's
+    ``reuse_by_length`` at the leaf's length; a candidate that cannot be hit (a
     leaf without a state in a hybrid model) goes first. A class's density is shrunk towards the
     pooled density of all classes with weight ``prior / (prior + its lifetimes)``; with
     nothing recorded yet it is LRU (density ``1 / (age + 1)``). Priorities change with age,
@@ -133,12 +141,16 @@ class HitDensity(EvictionPolicy):
         self.now = 0
         self._fit_now = self._span = 0
         self._rows = np.tile(1.0 / (_BIN_AGE + 1.0), (KINDS, 1)).tolist()
+        #: the admission's latest ``reuse_by_length``, and the one adopted at the last fit
+        self._length_seen: list[float] | None = None
+        self._length: list[float] | None = None
 
     def kind(self, node: Node) -> int:
         return candidate_kind(node)
 
     def observe_admission(self, admission: AdmissionPolicy) -> None:
         self.block_granular = admission.block_granular
+        self._length_seen = None if self.block_granular else admission.reuse_by_length()
 
     @property
     def alpha_hold(self) -> float | None:
@@ -165,6 +177,7 @@ class HitDensity(EvictionPolicy):
             self.now = max(self.now, max(i.last_access for i in infos))
             self._span = self.now - min(i.last_access for i in infos)
         self._fit_now = self.now
+        self._length = None if self.block_granular else self._length_seen
         if not self.ends.any():
             return
         pooled = hit_density(self.hits.sum(0), self.ends.sum(0))
@@ -184,6 +197,9 @@ class HitDensity(EvictionPolicy):
         if self.block_granular:
             if info.bytes_freed:
                 density /= info.bytes_freed**self.block_size_penalty
-        elif info.tokens > self.long_prefix:
-            density *= info.tokens / self.long_prefix
+        else:
+            if info.tokens > self.long_prefix:
+                density *= info.tokens / self.long_prefix
+            if self._length is not None and info.kind >= _HIT_BUCKETS:  # a leaf
+                density *= self._length[length_bin(info.tokens)]
         return density * info.tokens**self.alpha if self.alpha else density

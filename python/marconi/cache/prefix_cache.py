@@ -379,7 +379,8 @@ def clone_cache(cache: PrefixCache) -> PrefixCache:
     new.index = EvictionIndex(tree, new.eviction, new._candidate_info)
     tree.on_change = new.index.changed
     new._listen()
-    new.index.rebuild()
+    new.index.rebuild(refit=False)
+    new.index._pops_since_fit = cache.index._pops_since_fit
     return new
 
 
