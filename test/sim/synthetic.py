@@ -103,13 +103,15 @@ def ending_chats(
     short conversation's tip is always resumed, one past ``end_len`` never."""
     rng = np.random.default_rng(seed)
     history = {s: _ids(rng, 300, 0) for s in range(sessions)}
-    started = sessions
+    session = list(range(sessions))  # the conversation each slot holds, and its turn
+    turn = [0] * sessions
     out: list[Request] = []
     while len(out) < requests:
         for s in rng.permutation(sessions).tolist():
             answer = _ids(rng, 40, 0)
-            out.append(Request(f"e{s}", 0, float(len(out)), history[s], answer))
+            out.append(Request(f"e{session[s]}", turn[s], float(len(out)), history[s], answer))
             history[s] = np.concatenate([history[s], answer, _ids(rng, 30, 0)])
+            turn[s] += 1
             if len(history[s]) > end_len:  # this conversation ended: another starts
-                history[s], started = _ids(rng, 300, 0), started + 1
+                history[s], session[s], turn[s] = _ids(rng, 300, 0), max(session) + 1, 0
     return out

@@ -177,7 +177,7 @@ class HitDensity(EvictionPolicy):
             self.now = max(self.now, max(i.last_access for i in infos))
             self._span = self.now - min(i.last_access for i in infos)
         self._fit_now = self.now
-        self._length = None if self.block_granular else self._length_seen
+        self._length = self._length_seen  # None on block-granular reuse (observe_admission)
         if not self.ends.any():
             return
         pooled = hit_density(self.hits.sum(0), self.ends.sum(0))
