@@ -85,7 +85,8 @@ class GhostTable:
         self.capacity = capacity
         self.entries: dict[int, list[int]] = {}  # fingerprint -> [position, mask]
         self._order: deque[int] = deque()
-        self._positions: list[int] = []  # sorted, one per entry
+        self._count: dict[int, int] = {}  # position -> entries there
+        self._positions: list[int] = []  # the distinct positions, sorted
 
     def add(self, fp: int, pos: int, kind: Kind) -> None:
         entry = self.entries.get(fp)
@@ -94,24 +95,24 @@ class GhostTable:
             return
         self.entries[fp] = [pos, 1 << kind]
         self._order.append(fp)
-        bisect.insort(self._positions, pos)
+        if self._count.setdefault(pos, 0) == 0:
+            bisect.insort(self._positions, pos)
+        self._count[pos] += 1
         if len(self.entries) > self.capacity:
             old_pos, _ = self.entries.pop(self._order.popleft())
-            del self._positions[bisect.bisect_left(self._positions, old_pos)]
+            self._count[old_pos] -= 1
+            if not self._count[old_pos]:
+                del self._count[old_pos]
+                del self._positions[bisect.bisect_left(self._positions, old_pos)]
 
     def deepest(self, tokens: np.ndarray, lo: int, hi: int, tries: int) -> tuple[int, int] | None:
         """The deepest ghost ``(position, mask)`` on ``tokens`` at a position in ``[lo, hi]``,
         trying at most ``tries`` distinct positions (deepest first)."""
         i = bisect.bisect_right(self._positions, hi)
-        last = -1
-        while i > 0 and tries > 0:
-            i -= 1
-            pos = self._positions[i]
-            if pos < max(lo, 1):
-                break
-            if pos == last:
-                continue
-            last, tries = pos, tries - 1
+        j = max(bisect.bisect_left(self._positions, max(lo, 1)), i - tries)
+        if j >= i:
+            return None
+        for pos in reversed(self._positions[j:i]):
             entry = self.entries.get(_fingerprint(tokens, pos))
             if entry is not None and entry[0] == pos:
                 return pos, entry[1]

@@ -166,7 +166,7 @@ class Leases:
             if own is None:
                 cache.unlock(match.node)
                 return None
-            pages = np.concatenate([prefix, own]).astype(np.int64)
+            pages = np.concatenate([prefix, own]).astype(np.int64, copy=False)
         working = None
         if cache.pools.state is not None:
             working = cache.alloc_state()
