@@ -110,8 +110,6 @@ class GhostTable:
         trying at most ``tries`` distinct positions (deepest first)."""
         i = bisect.bisect_right(self._positions, hi)
         j = max(bisect.bisect_left(self._positions, max(lo, 1)), i - tries)
-        if j >= i:
-            return None
         for pos in reversed(self._positions[j:i]):
             entry = self.entries.get(_fingerprint(tokens, pos))
             if entry is not None and entry[0] == pos:
