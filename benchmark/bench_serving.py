@@ -241,12 +241,20 @@ def run_launched(
     """Every ``--launch`` server at every ``--concurrency`` level, ``--rounds`` interleaved
     replays each (in ``servers.round_order``: drifting machine load and whatever one server's
     round leaves behind hit all alike), percentiles pooled per (server, level); also each
-    one's TTFT P95 per round. Runs are named ``server`` or ``server @C``."""
+    one's TTFT P95 per round (each level after an unmeasured warm-up, ``--warmup``). Runs are
+    named ``server`` or ``server @C``."""
     names = args.launch.split(",")
     up: dict[str, Server] = {}
     pooled: dict[str, list[Result]] = {}
     spent: dict[str, float] = {}
     swings: dict[str, list[float]] = {}
+
+    def warm_up(url: str, level: int) -> None:
+        """An unmeasured replay of the first ``level`` sessions at ``level`` in flight (its own
+        salt, which no measured round's prompts start with): the batch shapes a level brings
+        run once before its first measured round, on every server alike."""
+        args.base_url, args.concurrency = url, level
+        asyncio.run(bench(args, sessions[:level], salt=f"~ [warm-up c{level}] "))
 
     def server(name: str) -> Server:
         if name not in up:
@@ -261,6 +269,8 @@ def run_launched(
 
     try:
         for li, level in enumerate(args.levels):
+            for name in names if args.warmup and level and not args.fresh_servers else ():
+                warm_up(server(name).url, level)
             for rnd in range(args.rounds):
                 for name in round_order(names, rnd):
                     run = name if level is None else f"{name} @{level}"
@@ -374,6 +384,13 @@ def main(argv: list[str] | None = None) -> None:
         help="with --launch: interleaved replays per policy, percentiles pooled over all of them",
     )
     p.add_argument("--json", default=None, help="write the summaries here")
+    p.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --launch and --concurrency (servers kept up): before each level's first "
+        "round, every server replays that level's first sessions unmeasured",
+    )
     p.add_argument(
         "--server-log", default=None, help="with --launch: each server's output to DIR/NAME.log"
     )

