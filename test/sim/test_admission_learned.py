@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from marconi.cache.admission import AdmissionContext
-from marconi.cache.admission_learned import GhostAdmission, GhostTable, Kind
+from marconi.cache.admission_learned import GhostAdmission, GhostTable, Kind, PrefixHashes
 from marconi.sim.replay import Replayer
 from marconi.sim.trace_variants import reasoning, retokenized
 from synthetic import chat_sessions, small_cache
@@ -88,18 +90,33 @@ def test_positions_obey_the_contract_and_the_bound(seed: int) -> None:
 
 def test_ghost_table_is_bounded_and_finds_the_deepest_ghost() -> None:
     table = GhostTable(capacity=3)
-    seq = np.arange(100, dtype=np.int64)
-    from marconi.cache.admission_learned import _fingerprint
-
+    seq = PrefixHashes(np.arange(100, dtype=np.int64))
     for pos, kind in ((10, Kind.PROMPT_END), (20, Kind.DECODED), (30, Kind.RESEND)):
-        table.add(_fingerprint(seq, pos), pos, kind)
+        table.add(seq(pos), pos, kind)
     assert table.deepest(seq, 0, 25, tries=8) == (20, 1 << Kind.DECODED)
     assert table.deepest(seq, 21, 25, tries=8) is None
-    other = np.arange(1, 101, dtype=np.int64)
+    other = PrefixHashes(np.arange(1, 101, dtype=np.int64))
     assert table.deepest(other, 0, 100, tries=8) is None  # same positions, other tokens
-    table.add(_fingerprint(seq, 40), 40, Kind.ALIGNED_INPUT)  # pushes out the oldest (10)
+    table.add(seq(40), 40, Kind.ALIGNED_INPUT)  # pushes out the oldest (10)
     assert len(table.entries) == 3 and sorted(table._positions) == [20, 30, 40]
     assert table.deepest(seq, 0, 15, tries=8) is None
+
+
+@given(
+    st.lists(st.integers(0, 2**40), min_size=1, max_size=300),
+    st.lists(st.integers(0, 2**40), min_size=1, max_size=300),
+)
+def test_a_fingerprint_is_the_whole_prefix(a: list[int], b: list[int]) -> None:
+    """Two prefixes share a fingerprint exactly when they are equal (up to 64-bit hash
+    collisions), however far back they differ: a conversation behind another system prompt of
+    the same length must not find its earlier copy's ghosts."""
+    ha, hb = PrefixHashes(np.array(a)), PrefixHashes(np.array(b))
+    for pos in range(1, min(len(a), len(b)) + 1):
+        assert (ha(pos) == hb(pos)) == (a[:pos] == b[:pos])
+    long = np.arange(5000)
+    other = long.copy()
+    other[0] += 1  # differs at the first token only
+    assert PrefixHashes(long)(5000) != PrefixHashes(other)(5000)
 
 
 def test_a_clone_learns_apart_from_the_cache_it_was_cloned_from() -> None:

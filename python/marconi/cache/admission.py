@@ -70,6 +70,11 @@ class AdmissionPolicy(ABC):
     def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:  # noqa: B027
         """A request whose first ``input_len`` tokens were its input inserts ``tokens``."""
 
+    def learned(self) -> dict[str, object] | None:
+        """What the policy has learned so far, for reports (``/debug/cache``); None if it
+        learns nothing."""
+        return None
+
     @property
     def block_granular(self) -> bool:
         """Whether the reuse this policy has learned is block-granular: later requests resume

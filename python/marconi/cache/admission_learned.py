@@ -30,8 +30,11 @@ session 28).
 
 The branch point is always admitted (speculative insertion only finds real sharing). Bound:
 at most ``1 + len(Kind)`` = 6 new states per request (branch + one per kind), usually 1-2.
-Fingerprints cover the position and the 16 tokens before it, so two prefixes can collide; a
-collision only skews the statistics, never what a request is served (the tree checks tokens).
+A fingerprint is a hash of the whole prefix (``PrefixHashes``), so a ghost is credited only to
+a request that shares that prefix: with a hash of the position and the 16 tokens before it,
+the same conversation behind another system prompt of the same length (a benchmark's salted
+rounds) credited its earlier copy's ghosts. A hash collision only skews the statistics, never
+what a request is served (the tree checks tokens).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from enum import IntEnum
+from typing import ClassVar
 
 import numpy as np
 
@@ -51,7 +55,10 @@ from marconi.cache.admission import (
     length_bin,
 )
 
-_FP_TOKENS = 16
+_MOD = 1 << 64
+_BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
+_INV = pow(_BASE, -1, _MOD)
+_inv_powers = np.ones(1, dtype=np.uint64)  # _INV**j mod 2**64, j = 0, 1, ...; grown on demand
 
 
 class Kind(IntEnum):
@@ -68,14 +75,59 @@ _PREFILL_KINDS = (Kind.RESEND, Kind.PROMPT_END, Kind.ALIGNED_INPUT)
 _DECODE_KINDS = (Kind.DECODED, Kind.ALIGNED_DECODE)
 
 
-def _fingerprint(tokens: np.ndarray, pos: int) -> int:
-    return hash((pos, tokens[max(0, pos - _FP_TOKENS) : pos].tobytes()))
+def _inverse_powers(n: int) -> np.ndarray:
+    global _inv_powers
+    if len(_inv_powers) < n:
+        size = max(n, 2 * len(_inv_powers))
+        steps = np.full(size, _INV, dtype=np.uint64)
+        steps[0] = 1
+        _inv_powers = np.cumprod(steps)  # wraps mod 2**64, as wanted
+    return _inv_powers[:n]
+
+
+class PrefixHashes:
+    """Fingerprints of every prefix of ``tokens`` from one O(n) pass: the polynomial hash
+    ``h(pos) = sum_{j < pos} (t_j + 1) B^(pos-1-j) mod 2**64``, read as ``B^(pos-1)`` times a
+    prefix sum of ``(t_j + 1) B^-j`` (numpy's uint64 arithmetic wraps mod 2**64).
+
+    ``of(tokens)`` reuses the pass made for one of the last two token buffers: the alpha
+    tuner's shadow caches observe each request's input and fed tokens one after another
+    (token arrays are never written in place)."""
+
+    _recent: ClassVar[deque[tuple[np.ndarray, PrefixHashes]]] = deque(maxlen=2)  # input, fed
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        t = np.asarray(tokens).astype(np.uint64) + np.uint64(1)
+        self._sums = np.cumsum(t * _inverse_powers(len(t)))
+
+    @classmethod
+    def of(cls, tokens: np.ndarray) -> PrefixHashes:
+        for seen, hashes in cls._recent:
+            if _same_buffer(seen, tokens):
+                return hashes
+        hashes = cls(tokens)
+        cls._recent.append((tokens, hashes))  # holds the array: its buffer is not reused
+        return hashes
+
+    def __call__(self, pos: int) -> int:
+        """The fingerprint of ``tokens[:pos]`` (1 <= pos <= len(tokens))."""
+        return pow(_BASE, pos - 1, _MOD) * int(self._sums[pos - 1]) % _MOD
 
 
 def _aligned(block: int, lo: int, hi: int) -> int | None:
     """The largest multiple of ``block`` in ``(lo, hi]``, if any."""
     last = hi - hi % block
     return last if last > lo else None
+
+
+def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
+    ia, ib = a.__array_interface__, b.__array_interface__
+    return (
+        ia["data"] == ib["data"]
+        and ia["shape"] == ib["shape"]
+        and ia["typestr"] == ib["typestr"]
+        and ia["strides"] == ib["strides"]
+    )
 
 
 class GhostTable:
@@ -105,13 +157,13 @@ class GhostTable:
                 del self._count[old_pos]
                 del self._positions[bisect.bisect_left(self._positions, old_pos)]
 
-    def deepest(self, tokens: np.ndarray, lo: int, hi: int, tries: int) -> tuple[int, int] | None:
-        """The deepest ghost ``(position, mask)`` on ``tokens`` at a position in ``[lo, hi]``,
-        trying at most ``tries`` distinct positions (deepest first)."""
+    def deepest(self, fp: PrefixHashes, lo: int, hi: int, tries: int) -> tuple[int, int] | None:
+        """The deepest ghost ``(position, mask)`` on the tokens ``fp`` hashes at a position in
+        ``[lo, hi]``, trying at most ``tries`` distinct positions (deepest first)."""
         i = bisect.bisect_right(self._positions, hi)
         j = max(bisect.bisect_left(self._positions, max(lo, 1)), i - tries)
         for pos in reversed(self._positions[j:i]):
-            entry = self.entries.get(_fingerprint(tokens, pos))
+            entry = self.entries.get(fp(pos))
             if entry is not None and entry[0] == pos:
                 return pos, entry[1]
         return None
@@ -156,7 +208,8 @@ class GhostAdmission(AdmissionPolicy):
 
     # -------------------------------------------------------------- learning
     def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> None:
-        hit = self.ghosts.deepest(tokens, usable_len, min(key_len, len(tokens)), self.tries)
+        fp = PrefixHashes.of(tokens)
+        hit = self.ghosts.deepest(fp, usable_len, min(key_len, len(tokens)), self.tries)
         if hit is not None:
             pos, mask = hit
             self.resumed[length_bin(pos)] += 1
@@ -164,9 +217,9 @@ class GhostAdmission(AdmissionPolicy):
                 if mask >> k & 1:
                     self.credit[k] += pos
         n = len(tokens)
-        self._propose(tokens, Kind.RESEND, n - 1 if n > 1 else None)
-        self._propose(tokens, Kind.PROMPT_END, n)
-        self._propose(tokens, Kind.ALIGNED_INPUT, _aligned(self.block, 0, n))
+        self._propose(fp, Kind.RESEND, n - 1 if n > 1 else None)
+        self._propose(fp, Kind.PROMPT_END, n)
+        self._propose(fp, Kind.ALIGNED_INPUT, _aligned(self.block, 0, n))
         self._update()
 
     def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:
@@ -174,14 +227,15 @@ class GhostAdmission(AdmissionPolicy):
         self.ended[length_bin(max(n, input_len))] += 1
         if n <= input_len:
             return
-        self._propose(tokens, Kind.DECODED, n)
-        self._propose(tokens, Kind.ALIGNED_DECODE, _aligned(self.block, input_len, n))
+        fp = PrefixHashes.of(tokens)
+        self._propose(fp, Kind.DECODED, n)
+        self._propose(fp, Kind.ALIGNED_DECODE, _aligned(self.block, input_len, n))
 
-    def _propose(self, tokens: np.ndarray, kind: Kind, pos: int | None) -> None:
+    def _propose(self, fp: PrefixHashes, kind: Kind, pos: int | None) -> None:
         if pos is None or pos < 1:
             return
         self.proposals[kind] += 1
-        self.ghosts.add(_fingerprint(tokens, pos), pos, kind)
+        self.ghosts.add(fp(pos), pos, kind)
 
     def _update(self) -> None:
         self._events += 1
@@ -215,6 +269,12 @@ class GhostAdmission(AdmissionPolicy):
         """Credited tokens per proposal, per kind (for reports)."""
         y = self.credit / np.maximum(self.proposals, 1.0)
         return {k.name.lower(): float(y[k]) for k in Kind}
+
+    def learned(self) -> dict[str, object]:
+        return {
+            "admitted": sorted(k.name.lower() for k in self.enabled),
+            "yields": {k: round(v, 1) for k, v in self.yields().items()},
+        }
 
     # -------------------------------------------------------------- decisions
     def prefill_positions(self, ctx: AdmissionContext) -> tuple[int, ...]:

@@ -106,7 +106,8 @@ def create_app(
 
     @app.get("/debug/cache")
     async def debug_cache() -> JSONResponse:
-        """Cache sizes and a deep integrity check (run between engine steps)."""
+        """Cache sizes, a deep integrity check (run between engine steps) and what a learning
+        admission has learned (the candidate kinds it admits, credited tokens per proposal)."""
 
         def check(e: Any) -> dict[str, Any]:
             try:
@@ -115,7 +116,9 @@ def create_app(
             except AssertionError as err:
                 ok, error = False, str(err)
             s = e.stats()
-            return {"ok": ok, "error": error, "running": s.running, "waiting": s.waiting}
+            learned = e.cache.admission.learned()
+            return {"ok": ok, "error": error, "running": s.running, "waiting": s.waiting,
+                    "admission": learned}  # fmt: skip
 
         out = await engine.call(check)
         out["size"] = (await engine.call(lambda e: e.stats().size))._asdict()
