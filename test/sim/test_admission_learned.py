@@ -113,6 +113,9 @@ def test_a_fingerprint_is_the_whole_prefix(a: list[int], b: list[int]) -> None:
     ha, hb = PrefixHashes(np.array(a)), PrefixHashes(np.array(b))
     for pos in range(1, min(len(a), len(b)) + 1):
         assert (ha(pos) == hb(pos)) == (a[:pos] == b[:pos])
+
+
+def test_a_fingerprint_sees_a_difference_far_back() -> None:
     long = np.arange(5000)
     other = long.copy()
     other[0] += 1  # differs at the first token only

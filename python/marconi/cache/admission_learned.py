@@ -42,7 +42,6 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from enum import IntEnum
-from typing import ClassVar
 
 import numpy as np
 
@@ -88,26 +87,11 @@ def _inverse_powers(n: int) -> np.ndarray:
 class PrefixHashes:
     """Fingerprints of every prefix of ``tokens`` from one O(n) pass: the polynomial hash
     ``h(pos) = sum_{j < pos} (t_j + 1) B^(pos-1-j) mod 2**64``, read as ``B^(pos-1)`` times a
-    prefix sum of ``(t_j + 1) B^-j`` (numpy's uint64 arithmetic wraps mod 2**64).
-
-    ``of(tokens)`` reuses the pass made for one of the last two token buffers: the alpha
-    tuner's shadow caches observe each request's input and fed tokens one after another
-    (token arrays are never written in place)."""
-
-    _recent: ClassVar[deque[tuple[np.ndarray, PrefixHashes]]] = deque(maxlen=2)  # input, fed
+    prefix sum of ``(t_j + 1) B^-j`` (numpy's uint64 arithmetic wraps mod 2**64)."""
 
     def __init__(self, tokens: np.ndarray) -> None:
         t = np.asarray(tokens).astype(np.uint64) + np.uint64(1)
         self._sums = np.cumsum(t * _inverse_powers(len(t)))
-
-    @classmethod
-    def of(cls, tokens: np.ndarray) -> PrefixHashes:
-        for seen, hashes in cls._recent:
-            if _same_buffer(seen, tokens):
-                return hashes
-        hashes = cls(tokens)
-        cls._recent.append((tokens, hashes))  # holds the array: its buffer is not reused
-        return hashes
 
     def __call__(self, pos: int) -> int:
         """The fingerprint of ``tokens[:pos]`` (1 <= pos <= len(tokens))."""
@@ -118,16 +102,6 @@ def _aligned(block: int, lo: int, hi: int) -> int | None:
     """The largest multiple of ``block`` in ``(lo, hi]``, if any."""
     last = hi - hi % block
     return last if last > lo else None
-
-
-def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
-    ia, ib = a.__array_interface__, b.__array_interface__
-    return (
-        ia["data"] == ib["data"]
-        and ia["shape"] == ib["shape"]
-        and ia["typestr"] == ib["typestr"]
-        and ia["strides"] == ib["strides"]
-    )
 
 
 class GhostTable:
@@ -208,7 +182,7 @@ class GhostAdmission(AdmissionPolicy):
 
     # -------------------------------------------------------------- learning
     def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> None:
-        fp = PrefixHashes.of(tokens)
+        fp = PrefixHashes(tokens)
         hit = self.ghosts.deepest(fp, usable_len, min(key_len, len(tokens)), self.tries)
         if hit is not None:
             pos, mask = hit
@@ -227,7 +201,7 @@ class GhostAdmission(AdmissionPolicy):
         self.ended[length_bin(max(n, input_len))] += 1
         if n <= input_len:
             return
-        fp = PrefixHashes.of(tokens)
+        fp = PrefixHashes(tokens)
         self._propose(fp, Kind.DECODED, n)
         self._propose(fp, Kind.ALIGNED_DECODE, _aligned(self.block, input_len, n))
 

@@ -116,9 +116,13 @@ def create_app(
             except AssertionError as err:
                 ok, error = False, str(err)
             s = e.stats()
-            learned = e.cache.admission.learned()
-            return {"ok": ok, "error": error, "running": s.running, "waiting": s.waiting,
-                    "admission": learned}  # fmt: skip
+            return {
+                "ok": ok,
+                "error": error,
+                "running": s.running,
+                "waiting": s.waiting,
+                "admission": e.cache.admission.learned(),
+            }
 
         out = await engine.call(check)
         out["size"] = (await engine.call(lambda e: e.stats().size))._asdict()
