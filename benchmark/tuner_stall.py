@@ -9,7 +9,7 @@ interleaved conversations whose prompts grow by a reply and a user message per t
     .venv/bin/python benchmark/tuner_stall.py --model tiny --cache-memory 256MB
 
 Before session 23 the tuner replayed a whole 64-request window at once: a 70-110 ms stall every
-64th request on tiny (docs/performance.md, fourteenth pass).
+64th request on tiny (docs/performance_log.md, fourteenth pass).
 """
 
 from __future__ import annotations

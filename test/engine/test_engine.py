@@ -344,7 +344,7 @@ def test_onednn_cache_grows_with_the_step_size_unless_the_user_chose(monkeypatch
 )
 def test_openmp_threads_spin_briefly_unless_the_user_chose(preset, want) -> None:
     """``import marconi.engine`` (the server's first import) sets a bounded OpenMP spin before
-    torch loads libgomp, and leaves a user's own setting alone (``docs/performance.md``)."""
+    torch loads libgomp, and leaves a user's own setting alone (``docs/performance_log.md``)."""
     import os
     import subprocess
     import sys

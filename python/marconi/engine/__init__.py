@@ -11,7 +11,7 @@ import os
 
 #: OpenMP threads spin ~3 ms at a barrier (300,000 spins, GNU OpenMP's own figure for its
 #: default), then sleep, unless the user set either variable. Set before torch loads libgomp
-#: (which reads them once, at load). Measured on a quiet 2-core machine (docs/performance.md):
+#: (which reads them once, at load). Measured on a quiet 2-core machine (docs/performance_log.md):
 #: sleeping at every barrier (``OMP_WAIT_POLICY=PASSIVE``) made a 256-token prefill step up to
 #: 1.75x slower and the 16-session TTFT P95 2,435 vs 1,690 ms; spinning costs nothing once the
 #: server is idle (the threads sleep after 3 ms). On a machine shared with other CPU-heavy jobs
@@ -22,7 +22,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 
 #: torch's CPU allocator backs tensors of 2 MB and more with transparent huge pages
 #: (``madvise(MADV_HUGEPAGE)``; read by libc10 at its first allocation), unless the user set it.
-#: A decode step streams every weight once: measured on an AMD EPYC (docs/performance.md), the
+#: A decode step streams every weight once: measured on an AMD EPYC (docs/performance_log.md), the
 #: small model's 6-row decode step 33.6 -> 31.6 ms. Without THP in ``madvise`` or ``always``
 #: mode (``/sys/kernel/mm/transparent_hugepage/enabled``) it changes nothing.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
@@ -34,7 +34,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 #: ``chunked_prefill_size`` + ``max_running_requests`` rows, 7 weight shapes x ~270 row counts
 #: on tiny / small, so at 1,024 a long-running server's prefill steps evicted each other's
 #: primitives and rebuilt them (5-7 ms a prefill on tiny, measured on an AMD EPYC;
-#: docs/performance.md, fifteenth pass). The cached primitives cost ~40-120 MB more RSS there.
+#: docs/performance_log.md, fifteenth pass). The cached primitives cost ~40-120 MB more RSS there.
 if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ:
     ONEDNN_CAPACITY_SET_BY_USER = True
 else:

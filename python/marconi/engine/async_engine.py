@@ -11,7 +11,7 @@ are CPUs it spins ~1,000 times instead of ``GOMP_SPINCOUNT`` at a barrier (its "
 spin), so every parallel region wakes sleeping workers. Loading the model on the main thread
 and stepping on this one did exactly that on a 2-core machine: 4-row decode steps of the
 ``small`` model 47-48 ms vs 37-40 ms, 256-token prefill steps 360 vs 305 ms
-(docs/performance.md).
+(docs/performance_log.md).
 
 Faults: the engine fails a faulty request alone (``Engine.step``); should a step still raise,
 every request in flight fails with ``finish_reason="error"`` and the thread keeps serving.

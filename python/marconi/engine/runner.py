@@ -33,7 +33,7 @@ def decode_kernel_wanted() -> bool:
     their wake-ups and the kernel streams the weights faster; where they spin (the engine's
     default, ``marconi.engine``) two-thread sgemm is faster at 1-4 rows (measured, small model:
     35 / 32 / 50 ms decode steps at 1 / 2 / 4 rows vs 37 / 65 / 81 through the kernel;
-    ``docs/performance.md``). ``MARCONI_SMALL_M_KERNEL=1`` forces the kernel, ``=0`` never."""
+    ``docs/performance_log.md``). ``MARCONI_SMALL_M_KERNEL=1`` forces the kernel, ``=0`` never."""
     forced = os.environ.get("MARCONI_SMALL_M_KERNEL")
     if forced in ("0", "1"):
         return forced == "1"

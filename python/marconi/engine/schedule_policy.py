@@ -107,7 +107,7 @@ class ShortestRemainingPrefillFirst(ShortestPrefillFirst):
     a long prompt's chunks. The long one's first token comes later by the short ones' chunks,
     at most half its own uncached prompt (``overtake_share``): unbounded, a burst of shorter
     arrivals starved a long turn (a 561-token prefill overtaken by 478 tokens took 2.8 s
-    instead of 1.4-1.7, the TTFT P95 of its round: docs/performance.md)."""
+    instead of 1.4-1.7, the TTFT P95 of its round: docs/performance_log.md)."""
 
     name = "srpf"
     preempts_prefill = True

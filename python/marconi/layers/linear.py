@@ -3,7 +3,7 @@
 - M >= ``PACKED_MIN_ROWS`` rows not taken by the kernels below (prefill, and decode
   batches past ``SKINNY_ROWS``): oneDNN with a weight reordered once into its blocked
   layout, faster than the default MKL sgemm of `F.linear` (~20-25% for prefill on an AMD
-  EPYC, one thread; ~1.8x at 4-8 rows on the Intel Xeon of ``docs/performance.md``, two
+  EPYC, one thread; ~1.8x at 4-8 rows on the Intel Xeon of ``docs/performance_log.md``, two
   threads).
 - Decode (1 <= M <= ``small_m.MAX_ROWS`` rows, checked first): the C kernel of
   ``marconi.layers.small_m`` when it is enabled (``small_m.set_enabled``; the engine's runner
@@ -43,7 +43,7 @@ PACKED_MIN_ROWS = int(os.environ.get("MARCONI_PACKED_MIN_ROWS", "4"))
 _enabled = os.environ.get("MARCONI_PACKED_LINEAR", "1") != "0"
 
 #: rows (inclusive range) sent to the skinny kernel: decode batches, where it streams the weight
-#: faster than the packed path (measured at 4-12 rows, docs/performance.md). At 1-3 rows it ties
+#: faster than the packed path (measured at 4-12 rows, docs/performance_log.md). At 1-3 rows it ties
 #: MKL's sgemm on Intel and beats it ~3x on AMD EPYC, where MKL takes a slower code path (3072x768
 #: weight, 1 row: 92 vs 268 us; the tiny model's decode step 11.5 vs 19 ms at batch 1)
 SKINNY_ROWS = (1, 16)

@@ -4,7 +4,7 @@ Decode batches multiply a handful of rows by every weight matrix, so their speed
 the weights stream from memory. On this project's CPU (one core) torch's sgemm reads a
 row-major fp32 weight at ~11 GB/s for 1 row; the C kernel, which walks the weight once, row by
 row, against all (<= 4) input rows, reads it at ~20-28 GB/s for one row, ~13 GB/s for four
-(``docs/performance.md``). From about five rows on, with two threads, sgemm catches up. On
+(``docs/performance_log.md``). From about five rows on, with two threads, sgemm catches up. On
 CPUs where one core cannot pull the memory bandwidth (this project's Intel Xeon: ~10 GB/s a
 core), ``set_threads(2)`` lets a helper thread stream part of the rows, without OpenMP's
 barriers.

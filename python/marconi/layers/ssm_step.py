@@ -4,7 +4,7 @@ prefill (``csrc/mamba2_prefill.c``), both updating the state pools in place.
 A decode step of B requests reads and writes each request's SSM state once, in its pool slot.
 torch's batched path (``Mamba2Mixer._decode``) gathers the B states, decays and updates the copy,
 multiplies by C and scatters it back: five passes over states that dominate a decode step's
-memory traffic at B > 1 (``docs/performance.md``). Built by ``marconi.layers.ckernel``; without
+memory traffic at B > 1 (``docs/performance_log.md``). Built by ``marconi.layers.ckernel``; without
 a compiler, or with ``MARCONI_SSM_STEP_KERNEL=0``, ``available()`` is false and the mixer keeps
 its torch path. Takes fp32 CPU tensors only (the caller checks with ``applies``).
 

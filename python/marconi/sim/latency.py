@@ -4,7 +4,7 @@ concurrent replay's request durations).
 A profile is ``time = overhead + flops / effective_flops_per_s``. The GPU profiles use public
 peak dense BF16 numbers at an assumed 45 % model FLOPs utilisation for prefill; decode is
 memory-bound and modeled per token. ``cpu-tiny`` is measured on our CPU engine (see
-docs/performance.md: ~530 prefill tok/s for the 29M-parameter tiny model, ~31 ms/token decode).
+docs/performance_log.md: ~530 prefill tok/s for the 29M-parameter tiny model, ~31 ms/token decode).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
  * Two threads (small_m_set_threads(2)): on CPUs whose single core cannot pull the memory
  * bandwidth (Intel server parts: ~10 GB/s a core), a helper thread takes chunks of weight rows.
  * It must never make a step wait on a core it does not get (OpenMP's barriers collapse 14x when
- * another process holds the second core, docs/performance.md), so:
+ * another process holds the second core, docs/performance_log.md), so:
  *   - chunks are claimed one at a time from a counter tagged with the job's generation; the
  *     caller claims too, so a helper that is asleep or descheduled simply gets no chunks;
  *   - the caller waits only for chunks the helper actually claimed (each a few microseconds of
@@ -181,7 +181,7 @@ static void two_threads(const float *x, const float *w, const float *bias, float
 /* Online A/B of one thread vs two: the first PROBE_CALLS calls of every PERIOD_CALLS alternate
  * the two, timed (ns per weight byte), and the rest of the period uses the faster. Two threads
  * win ~1.6-2.3x on a quiet machine here and lose ~1.5x while another process keeps a core busy
- * (docs/performance.md), so neither can be the fixed choice. */
+ * (docs/performance_log.md), so neither can be the fixed choice. */
 #define PERIOD_CALLS 8192
 #define PROBE_CALLS 512
 static long period_pos = 0, probe_ns[2], probe_bytes[2];
