@@ -66,3 +66,19 @@ def test_linear_routes_decode_batches_to_the_kernel(monkeypatch: pytest.MonkeyPa
             torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5,
                                        atol=1e-5)  # fmt: skip
     assert calls == [lo, hi]
+
+
+def test_row_range_follows_the_cpu_and_the_override() -> None:
+    """1-16 rows with AVX-512, 1-4 without (compute-bound on 8-wide FMAs), or the top the user
+    sets with ``MARCONI_SKINNY_MAX_ROWS``; read in a fresh interpreter, as at import."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from marconi.layers.linear import SKINNY_ROWS; print(*SKINNY_ROWS)"
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    want = int(os.environ.get("MARCONI_SKINNY_MAX_ROWS", "16" if avx512 else "4"))
+    assert SKINNY_ROWS[0] == 1 and SKINNY_ROWS[1] == want
+    env = {**os.environ, "MARCONI_SKINNY_MAX_ROWS": "7"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["1", "7"], out.stderr
