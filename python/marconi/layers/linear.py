@@ -13,9 +13,8 @@
   kernel ``csrc/skinny_linear.c`` on torch's OpenMP threads, which streams the weight faster
   than the packed path at 4-16 rows with AVX-512 (13-25% with its first tiling on an Intel
   Xeon) and ties (Intel) or beats ~3x (AMD) MKL's sgemm at 1-3 (``MARCONI_SKINNY_LINEAR=0``:
-  never). With AVX2 alone its 8-wide FMAs make it compute-bound past a few rows: on an AVX2
-  AMD EPYC the packed path took 0.73 vs 1.35 ms at 12 rows (3352x768 weight) and the small
-  model's decode step 59 vs 88 ms at batch 12 (``SKINNY_ROWS``).
+  never). With AVX2 alone its 8-wide FMAs make it compute-bound past a few rows (measured at
+  ``SKINNY_ROWS``).
 
 Everything else (and any case either path does not cover) is `F.linear`.
 
