@@ -8,18 +8,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-from marconi.layers.ckernel import CKernel
+from marconi.layers.ckernel import CKernel, cpu_flags
 from marconi.models import ForwardBatch, HybridForCausalLM, HybridMemory, SequenceInput
 
+#: x86 flags of the paths ``portable_build`` makes: plain C (the compiler vectorises what it can
+#: without AVX2 / FMA), and the AVX2 + FMA intrinsics a kernel has besides its AVX-512 ones
+ISA_FLAGS = {
+    "portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
+    "avx2": ("-mno-avx512f",),
+}
 
-def portable_build(kernel: CKernel, folder: Path) -> Any:
-    """``kernel`` compiled into ``folder`` without AVX-512 intrinsics (its portable C path; on
-    other CPUs the path is portable anyway) and loaded."""
+
+def portable_build(kernel: CKernel, folder: Path, isa: str = "portable") -> Any:
+    """``kernel`` compiled into ``folder`` for a narrower instruction set than this CPU's
+    (``ISA_FLAGS``; on other CPUs than x86 the C path is portable anyway) and loaded. "avx2"
+    skips the test where the CPU has no AVX2 (the build would not run here)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "CI machines have a C compiler"
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    out = kernel.compile(cc, folder / "portable.so", ("-mno-avx512f",) if x86 else ())
+    if isa == "avx2" and not (x86 and " avx2" in cpu_flags()):
+        pytest.skip("no AVX2 on this CPU")
+    out = kernel.compile(cc, folder / f"{isa}.so", ISA_FLAGS[isa] if x86 else ())
     return kernel.load(out)
 
 

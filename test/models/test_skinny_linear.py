@@ -16,12 +16,12 @@ def test_kernel_builds_where_a_c_compiler_exists() -> None:
     assert SKINNY.get() is not None
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
+@pytest.fixture(scope="module", params=["native", "avx2", "portable"])
 def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The kernel as built for this CPU, and its portable C path (no AVX-512 intrinsics)."""
+    """The kernel as built for this CPU, its AVX2 tiles, and its plain C path."""
     if request.param == "native":
         return SKINNY.get()
-    return portable_build(SKINNY, tmp_path_factory.mktemp("kernel"))
+    return portable_build(SKINNY, tmp_path_factory.mktemp("kernel"), request.param)
 
 
 @settings(max_examples=60, deadline=None)
@@ -34,8 +34,9 @@ def kernel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     big=st.booleans(),
 )
 def test_matches_f_linear(kernel, m: int, n: int, k: int, bias: bool, threads: int, big: bool):
-    """Any rows (tiles of 4 and their remainders), weight rows not a multiple of the block,
-    inputs not a multiple of 16 lanes; ``big`` weights run on the OpenMP threads."""
+    """Any rows (tiles of 4, 2 with AVX2, and their remainders), weight rows not a multiple
+    of the block, inputs not a multiple of the lanes; ``big`` weights run on the OpenMP
+    threads."""
     if big:
         n, k = n * 37, k + 1800
     g = torch.Generator().manual_seed(m * 1000 + n * 7 + k)
@@ -68,16 +69,15 @@ def test_linear_routes_decode_batches_to_the_kernel(monkeypatch: pytest.MonkeyPa
     assert calls == [lo, hi]
 
 
-def test_row_range_follows_the_cpu_and_the_override() -> None:
-    """1-16 rows with AVX-512, 1-4 without (compute-bound on 8-wide FMAs), or the top the user
-    sets with ``MARCONI_SKINNY_MAX_ROWS``; read in a fresh interpreter, as at import."""
+def test_row_range_and_its_override() -> None:
+    """1-16 rows, or the top the user sets with ``MARCONI_SKINNY_MAX_ROWS``; read in a fresh
+    interpreter, as at import."""
     import os
     import subprocess
     import sys
 
     code = "from marconi.layers.linear import SKINNY_ROWS; print(*SKINNY_ROWS)"
-    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    want = int(os.environ.get("MARCONI_SKINNY_MAX_ROWS", "16" if avx512 else "4"))
+    want = int(os.environ.get("MARCONI_SKINNY_MAX_ROWS", "16"))
     assert SKINNY_ROWS[0] == 1 and SKINNY_ROWS[1] == want
     env = {**os.environ, "MARCONI_SKINNY_MAX_ROWS": "7"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

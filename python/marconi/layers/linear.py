@@ -9,12 +9,11 @@
   ``marconi.layers.small_m`` when it is enabled (``small_m.set_enabled``; the engine's runner
   enables it only where OpenMP threads sleep at barriers, ``marconi.engine.runner``), which
   then streams the weight faster than one-thread sgemm (``MARCONI_SMALL_M_KERNEL=0``: never).
-- Decode batches of ``SKINNY_ROWS`` rows (1-16 on AVX-512 CPUs, 1-4 on the others): the C
-  kernel ``csrc/skinny_linear.c`` on torch's OpenMP threads, which streams the weight faster
-  than the packed path at 4-16 rows with AVX-512 (13-25% with its first tiling on an Intel
-  Xeon) and ties (Intel) or beats ~3x (AMD) MKL's sgemm at 1-3 (``MARCONI_SKINNY_LINEAR=0``:
-  never). With AVX2 alone its 8-wide FMAs make it compute-bound past a few rows (measured at
-  ``SKINNY_ROWS``).
+- Decode batches of ``SKINNY_ROWS`` rows (1-16): the C kernel ``csrc/skinny_linear.c`` on
+  torch's OpenMP threads, which streams the weight faster than the packed path at 4-16 rows
+  (13-25% with its first tiling on an AVX-512 Intel Xeon; on an AVX2 AMD EPYC 27% at 4 rows,
+  ties at 16) and ties (Intel) or beats ~3x (AMD) MKL's sgemm at 1-3
+  (``MARCONI_SKINNY_LINEAR=0``: never).
 
 Everything else (and any case either path does not cover) is `F.linear`.
 
@@ -44,16 +43,14 @@ PACKED_MIN_ROWS = int(os.environ.get("MARCONI_PACKED_MIN_ROWS", "4"))
 _enabled = os.environ.get("MARCONI_PACKED_LINEAR", "1") != "0"
 
 #: rows (inclusive range) sent to the skinny kernel: decode batches, where it streams the weight
-#: faster than the packed path with AVX-512 (measured at 4-12 rows, docs/performance_log.md). At
-#: 1-3 rows it ties MKL's sgemm on Intel and beats it ~3x on AMD EPYC, where MKL takes a slower
-#: code path (3072x768 weight, 1 row: 92 vs 268 us; the tiny model's decode step 11.5 vs 19 ms
-#: at batch 1). Without AVX-512 it keeps 1-4 rows (``MARCONI_SKINNY_MAX_ROWS`` sets the top):
-#: on an AVX2 AMD EPYC (2 threads, 20 weights streamed from memory) skinny vs packed took
-#: 627 / 1022 / 1345 / 1657 vs 506 / 676 / 730 / 875 us at 4 / 8 / 12 / 16 rows (3352x768),
-#: and the small model's decode step at batch 1 / 4 / 8 / 12 / 16 21 / 41 / 66 / 88 / 94 ms
-#: with skinny at 1-16 rows vs 41 (``F.linear``) / 44 / 56 / 59 / 69 with the packed path.
-_AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-SKINNY_ROWS = (1, int(os.environ.get("MARCONI_SKINNY_MAX_ROWS", "16" if _AVX512 else "4")))
+#: faster than the packed path (measured at 4-16 rows, docs/performance_log.md). At 1-3 rows it
+#: ties MKL's sgemm on Intel and beats it ~3x on AMD EPYC, where MKL takes a slower code path
+#: (3072x768 weight, 1 row: 92 vs 268 us; the tiny model's decode step 11.5 vs 19 ms at batch
+#: 1). On an AVX2 AMD EPYC (2 threads) the small model's decode step at batch 1 / 2 / 4 took
+#: 20-24 / 20-23 / 27-29 ms with its AVX2 tile vs 25-28 / 29-31 / 43-44 before it (when this
+#: range stopped at 4 rows there), and at 12 / 16 rows 53-56 / 55-56 ms vs 57-60 / 57-61 with
+#: the packed path. ``MARCONI_SKINNY_MAX_ROWS`` sets the top (an A/B knob).
+SKINNY_ROWS = (1, int(os.environ.get("MARCONI_SKINNY_MAX_ROWS", "16")))
 
 SKINNY = CKernel(
     "skinny_linear.c",

@@ -4,19 +4,24 @@
  * A decode step streams every weight once; with 4-16 rows oneDNN's packed kernel read `small`'s
  * 593 MB of weights at ~13-15 GB/s on our 2-core VM, MKL's sgemm slower still from 4 rows on.
  * Here a tile takes RB weight rows against MT input rows held in registers (RB x MT
- * accumulators of 16 lanes; more input rows reread the RB weight rows from L1), and the RB
+ * accumulators of 16 lanes with AVX-512, MT = 4; of 8 lanes with AVX2 + FMA, MT = 2, which
+ * its 16 registers hold; more input rows reread the RB weight rows from L1), and the RB
  * rows of a tile are a quarter (a sixth) of the weight apart: block b takes rows b, b + B,
  * b + 2B, ... (B = n / RB), so each thread reads RB long sequential streams, one per part of
  * the weight, instead of RB short ones that end every RB rows. On an AMD EPYC that made the
  * small model's decode step (summed layer timings) 22.5 -> 14.8 ms at 1 row, 33 -> 27 ms at 6:
  * short streams leave the hardware prefetchers retraining at every tile (rows of 768 floats
- * streamed at 20 GB/s, of 3072 at 29). fp32 in, fp32 accumulate (16 lanes, then a tree
- * reduction), so results differ from sgemm only by summation order.
+ * streamed at 20 GB/s, of 3072 at 29). Without the AVX2 tile (plain C, each weight row
+ * reread per input row) an AVX2 AMD EPYC's 8-wide FMAs were load-bound past a few rows, slower
+ * than the packed path (3352x768 weight, 2 threads, streamed: 635 / 980 / 1654 us at 4 / 8 /
+ * 16 rows vs the packed 500 / 645 / 905); with it 367 / 547 / 912. fp32 in, fp32 accumulate
+ * (a lane per column modulo the vector width, then a tree reduction), so results differ from
+ * sgemm only by summation order.
  */
 #ifdef MARCONI_PYEXT
 #include "pyext.h" /* first: Python.h must precede system headers */
 #endif
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -54,15 +59,41 @@
         }                                                                                       \
     }
 #define TILE_LANES(a, i) _mm512_reduce_add_ps(acc[a][i])
+#define TILE_ROWS 4 /* MT of both tiles */
+#elif defined(__AVX2__) && defined(__FMA__)
+/* 8 columns a step. With 16 registers the MT input vectors stay in registers and each weight
+ * vector is loaded once and used MT times: RB * MT + MT + 1 registers (6 x 2: 15) */
+#define TILE_SIMD(RB, MT)                                                                      \
+    __m256 acc[RB][MT];                                                                         \
+    for (int a = 0; a < RB; a++)                                                                \
+        for (int i = 0; i < MT; i++) acc[a][i] = _mm256_setzero_ps();                           \
+    for (; c + 8 <= k; c += 8) {                                                                \
+        __m256 xv[MT];                                                                          \
+        for (int i = 0; i < MT; i++)                                                            \
+            xv[i] = i < mt ? _mm256_loadu_ps(x + (m0 + i) * k + c) : _mm256_setzero_ps();       \
+        for (int a = 0; a < RB; a++) {                                                          \
+            const __m256 wv = _mm256_loadu_ps(w + (r + a * rs) * k + c);                        \
+            for (int i = 0; i < MT; i++) acc[a][i] = _mm256_fmadd_ps(wv, xv[i], acc[a][i]);     \
+        }                                                                                       \
+    }
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#define TILE_LANES(a, i) hsum256(acc[a][i])
+#ifndef TILE_ROWS
+#define TILE_ROWS 2 /* MT of both tiles */
+#endif
 #else
 #define TILE_SIMD(RB, MT)
 #define TILE_LANES(a, i) 0.0f
+#define TILE_ROWS 4
 #endif
 
 /* 1-3 input rows: 4 streams per thread; 4 rows and more: 6 (AMD EPYC, small model, decode step
  * as summed layer timings at 1 / 2 / 4 / 6 / 16 rows: 14.7 / 16.6 / 23.5 / 29.5 / 54.0 ms with
  * 4 x 4 tiles, 15.5 / 18.5 / 21.6 / 26.7 / 47.9 with 6 x 4) */
-#define TILE_ROWS 4 /* MT of both tiles */
 TILE(tile4, 4, TILE_ROWS)
 TILE(tile6, 6, TILE_ROWS)
 
