@@ -30,4 +30,7 @@ for model in $MODELS; do
     --server-args "--model $model --cache-memory $MEMORY" | tee "$OUT/latency_$model.md"
 done
 "$PY" benchmark/compare_tokens.py --model tiny --conversations 6 --turns 3 | tee "$OUT/tokens.md"
+# issue 13's lines, cell by cell (ours vs vLLM's best binding)
+"$PY" benchmark/vs_vllm_table.py $(for m in $MODELS; do echo "$OUT/serving_$m.json"; done) \
+  | tee "$OUT/targets.md"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt"

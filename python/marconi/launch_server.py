@@ -90,7 +90,7 @@ class ServerArgs:
     num_threads: int | None = None
     drain_timeout: float = 30.0
     heap_trim_interval: float = 10.0
-    burst_wait_ms: float = 4.0
+    burst_wait_ms: float = 8.0
     pin_threads: bool | None = None  # None: auto (affinity.should_pin)
 
 

@@ -23,8 +23,10 @@ Bursts: a request that wakes the idle thread is not stepped at once when ``burst
 the thread keeps taking requests until none has come for ``burst_wait`` seconds (at most
 ``BURST_WAIT_LIMIT`` times that in all). Simultaneous requests reach the engine over several
 milliseconds (each is parsed and tokenized on the event loop, which also competes for the CPUs
-with a step once one runs); without the wait the first one's prefill runs alone, whatever its
-length, and the rest queue behind it, out of the schedule policy's order.
+with a step once one runs; on new connections 1-7 ms apart, the first gap the longest, which
+the server's default of 8 ms covers: docs/serving.md); without the wait the first one's
+prefill runs alone, whatever its length, and the rest queue behind it, out of the schedule
+policy's order.
 """
 
 from __future__ import annotations
