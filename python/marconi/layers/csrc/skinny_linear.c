@@ -82,18 +82,16 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #define TILE_LANES(a, i) hsum256(acc[a][i])
-#ifndef TILE_ROWS
 #define TILE_ROWS 2 /* MT of both tiles */
-#endif
 #else
 #define TILE_SIMD(RB, MT)
 #define TILE_LANES(a, i) 0.0f
 #define TILE_ROWS 4
 #endif
 
-/* 1-3 input rows: 4 streams per thread; 4 rows and more: 6 (AMD EPYC, small model, decode step
- * as summed layer timings at 1 / 2 / 4 / 6 / 16 rows: 14.7 / 16.6 / 23.5 / 29.5 / 54.0 ms with
- * 4 x 4 tiles, 15.5 / 18.5 / 21.6 / 26.7 / 47.9 with 6 x 4) */
+/* 1-3 input rows: 4 streams per thread; 4 rows and more: 6 (AMD EPYC, the AVX-512 tiles, small
+ * model, decode step as summed layer timings at 1 / 2 / 4 / 6 / 16 rows: 14.7 / 16.6 / 23.5 /
+ * 29.5 / 54.0 ms with 4 x 4 tiles, 15.5 / 18.5 / 21.6 / 26.7 / 47.9 with 6 x 4) */
 TILE(tile4, 4, TILE_ROWS)
 TILE(tile6, 6, TILE_ROWS)
 
