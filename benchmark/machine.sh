@@ -7,10 +7,12 @@ vector_isa() {
   else echo "no AVX2"; fi
 }
 machine_header() {
+  local cpu
+  cpu=$(lscpu)
   {
     echo "date: $(date -u +%FT%TZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
-      "family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p')," \
+    echo "cpu: $(sed -n 's/^Model name: *//p' <<<"$cpu"), $(nproc) cores," \
+      "family $(sed -n 's/^CPU family: *//p' <<<"$cpu") model $(sed -n 's/^Model: *//p' <<<"$cpu")," \
       "$(vector_isa)"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "other processes over 5% CPU:"

@@ -113,15 +113,16 @@ void skinny_linear(const float *x, const float *w, const float *bias, float *y, 
                    long k, long threads) {
     const long rb = m < 4 ? 4 : 6, blocks = n / rb;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * k >= 1L << 16)
-    for (long b = 0; b < blocks; b++)
+    for (long b = 0; b < blocks; b++) {
+        const int pf = m > TILE_ROWS && b + 1 < blocks; /* more than one pass over block b */
         for (long m0 = 0; m0 < m; m0 += TILE_ROWS) {
             const long mt = m - m0 < TILE_ROWS ? m - m0 : TILE_ROWS;
-            const int pf = m > TILE_ROWS && b + 1 < blocks;
             if (rb == 4)
                 tile4(x, w, bias, y, n, k, b, blocks, m0, mt, pf);
             else
                 tile6(x, w, bias, y, n, k, b, blocks, m0, mt, pf);
         }
+    }
     for (long r = blocks * rb; r < n; r++) /* the last n % rb weight rows */
         for (long i = 0; i < m; i++)
             y[i * n + r] = dot_lanes(w + r * k, x + i * k, 0, k) + (bias ? bias[r] : 0.0f);
