@@ -27,11 +27,12 @@
  *
  * Each tile function is compiled for one exact number of input rows and prefetch on or off
  * (TILES below): with the row count a runtime value the loop branched on it at every step, and
- * GCC folded the weight loads into the FMAs (TILE). Same Zen 5, 2 threads, small's four
- * weight shapes: held in L2, 1 / 3 / 8 / 16 rows 96 / 158 / 230 / 212 GFLOP/s before, 153 /
- * 239 / 289 / 289 after; streamed from memory, median of 41 interleaved pairs 0.96 / 0.91 /
- * 0.98 / 0.95x the time (the AVX2 build on the same CPU 0.93 / 0.97 / 0.90 / 0.85x at 1 / 3 /
- * 8 / 16); the sums and their order are unchanged, so results are bit-identical.
+ * GCC folded the weight loads into the FMAs (TILE). Same Zen 5, `benchmark/bench_skinny.py
+ * --baseline 8a7ac0b` (the median of 41 paired calls, this over that): small's four weight
+ * shapes streamed from memory 0.96 / 0.96 / 0.95 / 0.99x the time at 1 / 3 / 8 / 16 rows (the
+ * `-mno-avx512f` build on the same CPU 0.98 / 0.90 / 0.81x at 1 / 8 / 16); a 504x768 weight
+ * held in L2 0.87 / 0.81 / 0.92 / 0.92x. The sums and their order are unchanged: results are
+ * bit-identical.
  */
 #ifdef MARCONI_PYEXT
 #include "pyext.h" /* first: Python.h must precede system headers */
