@@ -1,7 +1,7 @@
 """The skinny decode kernel (``csrc/skinny_linear.c``) of this tree against another commit's.
 
 Builds both versions of the kernel (the other from ``git show REV:...``, with that commit's
-``csrc`` headers) as plain ctypes libraries with the engine's flags, then calls them
+``csrc`` headers) as plain ctypes libraries, the way the engine builds its kernels, then calls them
 alternately on the same inputs, in pairs whose order alternates. Each call runs every weight
 of a decode step's layer set (``--shapes``, default the small model's: Mamba-2 in/out
 projections, MLP up/down) over ``--copies`` copies, so the weights stream from memory as in a
@@ -17,7 +17,7 @@ Run it with nothing else running, and say so.
 from __future__ import annotations
 
 import argparse
-import ctypes
+import dataclasses
 import platform
 import statistics
 import subprocess
@@ -27,23 +27,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from marconi.layers.ckernel import CSRC, FLAGS, compiler
+from marconi.layers.ckernel import CSRC, compiler
 from marconi.layers.linear import SKINNY
 
 SMALL = "3352x768,768x1536,3072x768,768x3072"
 Fn = Callable[..., None]
 
 
-def build(src_dir: Path, out: Path, extra: tuple[str, ...]) -> Fn:
+def build(src: Path, out: Path, extra: tuple[str, ...]) -> Fn:
+    """The skinny kernel compiled from ``src`` into ``out`` and loaded, as the engine builds it
+    (``CKernel.compile`` / ``load``: a ctypes library, since ``out`` is no extension module's
+    file name). An absolute ``source`` replaces ``csrc/`` in ``CKernel.path``."""
     cc = compiler()
     if cc is None:
         raise SystemExit("no C compiler found")
-    src = src_dir / SKINNY.source
-    subprocess.run([cc, *FLAGS, "-fopenmp", *extra, str(src), "-o", str(out)], check=True)
-    fn = ctypes.CDLL(str(out)).skinny_linear
-    fn.argtypes = list(SKINNY.argtypes)
-    fn.restype = None
-    return fn
+    kernel = dataclasses.replace(SKINNY, source=str(src.resolve()))
+    return kernel.load(kernel.compile(cc, out, extra))
 
 
 def checkout_csrc(rev: str, dest: Path) -> None:
@@ -89,8 +88,8 @@ def main() -> None:
         base_dir = Path(tmp) / "base"
         checkout_csrc(args.baseline, base_dir)
         fns = (
-            build(CSRC, Path(tmp) / "this.so", extra),
-            build(base_dir, Path(tmp) / "base.so", extra),
+            build(SKINNY.path, Path(tmp) / "this.so", extra),
+            build(base_dir / SKINNY.source, Path(tmp) / "base.so", extra),
         )
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         g = torch.Generator().manual_seed(0)
