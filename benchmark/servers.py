@@ -12,7 +12,10 @@
 Our names may carry extra flags for A/B runs: ``marconi/num-threads=1/chunked-prefill-size=256``
 starts ``--prefix-cache marconi ARGS --num-threads 1 --chunked-prefill-size 256``; an upper-case
 key sets an environment variable instead: ``marconi/OMP_WAIT_POLICY=ACTIVE``; a key without a
-value is a switch: ``marconi/pin-threads``.
+value is a switch: ``marconi/pin-threads``. Any name may end in ``#label`` to start the same
+server again under another name: ``marconi,marconi#2`` (or ``vllm-bind,vllm-bind#2``) runs two
+identical servers side by side, an A/A run that measures how far the benchmark's own noise
+moves a result (``benchmark/swing_aa.py``).
 """
 
 from __future__ import annotations
@@ -64,9 +67,15 @@ def model_option(server_args: str) -> str:
     return "tiny"
 
 
+def base_name(name: str) -> str:
+    """``name`` without its ``#label`` (the server it starts; see the module docstring)."""
+    return name.partition("#")[0]
+
+
 def command(name: str, port: int, server_args: str) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that start server ``name`` on ``port``."""
     env = dict(os.environ)
+    name = base_name(name)
     if name in VLLM_NAMES:
         from marconi.models.loader import resolve_model_path
 
