@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from servers import model_option
+
 HERE = Path(__file__).resolve().parent
 #: sessions replayed per model, as vs_vllm.sh replays them (rounds of ~122 / ~41 requests)
 SESSIONS = {"tiny": 36, "small": 12}
@@ -55,7 +57,7 @@ def run_one(server: str, model: str, levels: list[int], rounds: int, out: Path) 
 def swings(path: Path) -> dict[tuple[str, int], tuple[float, float]]:
     """{(model, sessions): (first copy's swing, second copy's)} of one A/A JSON."""
     data = json.loads(path.read_text())
-    model = data["args"]["server_args"].split("--model ")[1].split()[0]
+    model = model_option(data["args"]["server_args"])
     by: dict[int, dict[bool, float]] = {}
     for key, p95s in data["p95_by_round"].items():
         name, level = key.rsplit(" @", 1)
