@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from subprocess import DEVNULL
 
 from servers import model_option
 
 HERE = Path(__file__).resolve().parent
-#: sessions replayed per model, as vs_vllm.sh replays them (rounds of ~122 / ~41 requests)
-SESSIONS = {"tiny": 36, "small": 12}
+MODELS = ("tiny", "small")  # vs_vllm.sh's; it sets the sessions replayed per model
 
 
 def parse_cells(spec: str) -> dict[str, list[int]]:
@@ -36,22 +39,23 @@ def parse_cells(spec: str) -> dict[str, list[int]]:
     cells: dict[str, list[int]] = {}
     for item in spec.split(","):
         model, _, level = item.partition(":")
-        if model not in SESSIONS or not level.isdigit():
-            raise SystemExit(f"bad cell {item!r}: MODEL:SESSIONS with MODEL in {sorted(SESSIONS)}")
+        if model not in MODELS or not level.isdigit():
+            raise SystemExit(f"bad cell {item!r}: MODEL:SESSIONS with MODEL in {MODELS}")
         cells.setdefault(model, []).append(int(level))
     return cells
 
 
 def run_one(server: str, model: str, levels: list[int], rounds: int, out: Path) -> None:
-    """One A/A replay of ``model`` at ``levels`` (``bench_serving.py``, vs_vllm.sh's flags)."""
-    cmd = [
-        sys.executable, str(HERE / "bench_serving.py"), "--launch", f"{server},{server}#2",
-        "--ascii-only", "--server-args", f"--model {model} --cache-memory 1GiB",
-        "--max-output-len", "16", "--max-input-len", "300", "--num-sessions",
-        str(SESSIONS[model]), "--scan-sessions", "1500",
-        "--concurrency", ",".join(map(str, levels)), "--rounds", str(rounds), "--json", str(out),
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    """One A/A replay of ``model`` at ``levels``: vs_vllm.sh's serving replay (its workload, one
+    definition) of ``server`` and ``server#2`` only; its JSON is moved to ``out``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            **os.environ, "PY": sys.executable, "MODELS": model, "SERVERS": f"{server},{server}#2",
+            "CONCURRENCY": ",".join(map(str, levels)), "ROUNDS": str(rounds), "OUT": tmp,
+            "SERVING_ONLY": "1",
+        }  # fmt: skip
+        subprocess.run(["bash", str(HERE / "vs_vllm.sh")], env=env, check=True, stdout=DEVNULL)
+        shutil.move(Path(tmp) / f"serving_{model}.json", out)
 
 
 def swings(path: Path) -> dict[tuple[str, int], tuple[float, float]]:
