@@ -4,11 +4,12 @@ always given back (integrity + every slot free of requests after each test)."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
 import torch
-from marconi.engine import LLM, RequestError, SamplingParams
+from marconi.engine import LLM, RequestError, SamplingParams, StepTimes
 
 torch.set_num_threads(1)
 
@@ -427,3 +428,17 @@ def test_srpf_lets_at_most_half_a_long_prefill_go_ahead_of_it() -> None:
     # s0 and s1 go first (s1 starts on step 2's last token); s2 waits for the long remainder
     # (unbounded, as before the share: s2 on step 4 and the long one on step 7)
     assert first == {"s0": 2, "s1": 3, "long": 6, "s2": 7}
+
+
+def test_step_times_split_the_engine_threads_time_by_phase(engines: dict[str, LLM]) -> None:
+    llm = engines["marconi"]
+    before, steps = llm.engine.stats().step_times, llm.engine.steps
+    t0 = time.perf_counter()
+    llm.generate([SYSTEM + user("how long does a step take?")], GREEDY)
+    wall = time.perf_counter() - t0
+    after = llm.engine.stats().step_times
+    spent = {k: after[i] - before[i] for i, k in enumerate(StepTimes._fields)}
+    assert llm.engine.steps > steps
+    # every phase ran, and the phases are disjoint intervals inside the call's wall time
+    assert all(v > 0 for v in spent.values()), spent
+    assert sum(spent.values()) <= wall

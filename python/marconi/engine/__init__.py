@@ -42,7 +42,7 @@ else:
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "4096"
 
 from marconi.engine.config import EngineConfig
-from marconi.engine.engine import Engine, EngineStats, RequestError
+from marconi.engine.engine import Engine, EngineStats, RequestError, StepTimes
 from marconi.engine.llm import LLM, Completion
 from marconi.engine.request import SamplingParams, StepOutput
 
@@ -55,4 +55,5 @@ __all__ = [
     "RequestError",
     "SamplingParams",
     "StepOutput",
+    "StepTimes",
 ]

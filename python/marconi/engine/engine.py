@@ -11,7 +11,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -46,6 +46,21 @@ class RequestError(ValueError):
         self.code, self.param = code, param
 
 
+class StepTimes(NamedTuple):
+    """Seconds the engine thread has spent in each phase of ``Engine.step`` since start:
+    ``forward`` is the model, ``sample`` turns logits into tokens, ``postprocess`` is the
+    token bookkeeping, cache admission, the tuner and the integrity check. On a GPU the
+    forward's kernels finish in ``sample`` (its first synchronisation)."""
+
+    schedule: float = 0.0
+    forward: float = 0.0
+    sample: float = 0.0
+    postprocess: float = 0.0
+
+
+_SCHEDULE, _FORWARD, _SAMPLE, _POSTPROCESS = range(len(StepTimes._fields))
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A consistent snapshot (taken on the engine thread) for metrics and debugging."""
@@ -57,6 +72,7 @@ class EngineStats:
     cached_tokens: int
     generated_tokens: int
     steps: int
+    step_times: StepTimes
     size: SizeInfo
     cache: CacheStats
     kv_bytes_per_slot: int
@@ -110,6 +126,7 @@ class Engine:
         self._ids = itertools.count()
         self.requests_finished = self.prompt_tokens = self.cached_tokens = 0
         self.generated_tokens = self.steps = 0
+        self._phase_s = list(StepTimes())
 
     def _build_cache(self, hf: dict) -> tuple[PrefixCache, HybridMemory]:
         """A cache whose byte accounting is the layer specs' in the served dtypes, and a memory
@@ -195,19 +212,24 @@ class Engine:
         A fault in one request's work fails that request alone (``Scheduler``); a fault in the
         forward pass, which is shared, fails the requests of that batch (their own memory may
         be half-written; the tree's is only read) and leaves the waiting ones queued."""
+        t = time.perf_counter()
         batch, outs = self.scheduler.schedule()
+        t = self._clock(_SCHEDULE, t)
         if batch is not None:
-            t0 = time.perf_counter()
+            start = t
             try:
                 logits = self.runner.forward(batch.inputs)
             except Exception as e:
+                t = self._clock(_FORWARD, t)
                 log.exception("forward pass failed; failing its %d requests", len(batch.reqs))
                 outs += self.scheduler.fail(batch.reqs, e)
-                return self._finish_step(outs)
+                return self._finish_step(outs, t)
+            t = self._clock(_FORWARD, t)
             picked = [r for r, s in zip(batch.reqs, batch.samples, strict=True) if s]
             rows = [i for i, s in enumerate(batch.samples) if s]
             sampled = iter(self.runner.sample(logits[rows], picked))
             tokens = [next(sampled) if s else None for s in batch.samples]
+            t = self._clock(_SAMPLE, t)
             outs += self.scheduler.postprocess(batch, tokens)
             self.steps += 1
             log.debug(
@@ -215,16 +237,23 @@ class Engine:
                 self.steps,
                 len(batch.reqs),
                 batch.num_tokens,
-                1e3 * (time.perf_counter() - t0),
+                1e3 * (time.perf_counter() - start),
             )
-        return self._finish_step(outs)
+        return self._finish_step(outs, t)
 
-    def _finish_step(self, outs: list[StepOutput]) -> list[StepOutput]:
+    def _finish_step(self, outs: list[StepOutput], t: float) -> list[StepOutput]:
         for out in outs:
             self._account(out)
         if self.config.check_integrity:
             self.manager.check_integrity(idle=not self.has_unfinished())
+        self._clock(_POSTPROCESS, t)
         return outs
+
+    def _clock(self, phase: int, since: float) -> float:
+        """Adds the time from ``since`` to now to ``phase``; returns now."""
+        now = time.perf_counter()
+        self._phase_s[phase] += now - since
+        return now
 
     def _account(self, out: StepOutput) -> None:
         self.generated_tokens += len(out.token_ids)
@@ -251,6 +280,7 @@ class Engine:
             cached_tokens=self.cached_tokens,
             generated_tokens=self.generated_tokens,
             steps=self.steps,
+            step_times=StepTimes(*self._phase_s),
             size=self.manager.size_info(),
             cache=dataclasses.replace(self.cache.stats),
             kv_bytes_per_slot=self.cache.pools.kv.slot_bytes if self.cache.pools.kv else 0,

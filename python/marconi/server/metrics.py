@@ -40,6 +40,12 @@ class _EngineCollector:
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"marconi_{name}", doc, value=value)
+        phases = CounterMetricFamily(
+            "marconi_engine_step_seconds", "engine thread time by step phase", labels=["phase"]
+        )
+        for phase, seconds in s.step_times._asdict().items():
+            phases.add_metric([phase], seconds)
+        yield phases
         z = s.size
         gauges = {
             "num_requests_running": ("requests admitted", s.running),
