@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from servers import VLLM_NAMES, Server, launch, measured, round_order, round_salt
+from servers import VLLM_NAMES, Server, engine_seconds, launch, measured, round_order, round_salt
 
 
 @dataclass(frozen=True)
@@ -241,13 +241,16 @@ def run_launched(
     """Every ``--launch`` server at every ``--concurrency`` level, ``--rounds`` interleaved
     replays each (in ``servers.round_order``: drifting machine load and whatever one server's
     round leaves behind hit all alike), percentiles pooled per (server, level); also each
-    one's TTFT P95 per round (each level after an unmeasured warm-up, ``--warmup``). Runs are
-    named ``server`` or ``server @C``."""
+    one's TTFT P95 per round (each level after an unmeasured warm-up, ``--warmup``), and for
+    our servers the engine's seconds by step phase per round (``engine_s_by_round``: the same
+    requests every round, so its ``forward`` moves with the machine's speed). Runs are named
+    ``server`` or ``server @C``."""
     names = args.launch.split(",")
     up: dict[str, Server] = {}
     pooled: dict[str, list[Result]] = {}
     spent: dict[str, float] = {}
     swings: dict[str, list[float]] = {}
+    phases: dict[str, list[dict[str, float]]] = {}
 
     def warm_up(url: str, level: int) -> None:
         """An unmeasured replay of the first ``level`` sessions at ``level`` in flight (its own
@@ -278,25 +281,34 @@ def run_launched(
                     args.concurrency = level
                     label = f"c{level} round {rnd + 1}"
                     salt = "" if args.fresh_servers else round_salt(li * args.rounds + rnd, label)
+                    before = engine_seconds(args.base_url)
                     with measured():  # the machine is quiet, the client collects no garbage
                         results, duration = asyncio.run(bench(args, sessions, salt))
+                    after = engine_seconds(args.base_url)
                     if args.fresh_servers:
                         up.pop(name).stop()
                     pooled.setdefault(run, []).extend(results)
                     spent[run] = spent.get(run, 0.0) + duration
                     one = summarize(results, duration)
                     swings.setdefault(run, []).append(one["ttft_ms"]["p95"])
-                    print(f"round {rnd + 1}/{args.rounds} " + row(run, one), file=sys.stderr)
+                    spent_s = {k: after[k] - before[k] for k in after if k in before}
+                    note = "".join(f" {k} {v:.2f} s" for k, v in spent_s.items() if v >= 0.01)
+                    phases.setdefault(run, []).append(spent_s)
+                    print(f"round {rnd + 1}/{args.rounds} " + row(run, one) + note, file=sys.stderr)
     finally:
         for srv in up.values():
             srv.stop()
-    return {r: summarize(pooled[r], spent[r], args.rounds) for r in pooled}, swings
+    out = {r: summarize(pooled[r], spent[r], args.rounds) for r in pooled}
+    for run, by_round in phases.items():
+        if any(by_round):
+            out[run]["engine_s_by_round"] = by_round
+    return out, swings
 
 
 def print_ratios(summaries: dict[str, dict], swings: dict[str, list[float]], base: str | None):
     """Per concurrency level, each run's TTFT P50/P95 and ITL P50 over the baseline's (< 1:
     faster than it; baseline: ``base``, else the first vllm run), and the spread of TTFT P95
-    across rounds."""
+    across rounds (with our engine's forward seconds a round, the machine's speed)."""
     levels: dict[str, list[str]] = {}
     for run in summaries:
         levels.setdefault(run.partition(" @")[2], []).append(run)
@@ -316,8 +328,10 @@ def print_ratios(summaries: dict[str, dict], swings: dict[str, list[float]], bas
                     f"{s['itl_ms']['p50'] / b['itl_ms']['p50']:.2f}x"
                 )
     for run, p95 in swings.items():
+        fwd = [r["forward"] for r in summaries[run].get("engine_s_by_round", []) if r]
+        engine = f"; engine forward {min(fwd):.2f}-{max(fwd):.2f} s a round" if fwd else ""
         if len(p95) > 1:
-            print(f"  {run}: TTFT P95 by round {min(p95):.0f}-{max(p95):.0f} ms")
+            print(f"  {run}: TTFT P95 by round {min(p95):.0f}-{max(p95):.0f} ms{engine}")
 
 
 def row(name: str, s: dict) -> str:

@@ -185,3 +185,21 @@ def measured() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+#: the engine thread's seconds by step phase, in our server's ``/metrics``
+STEP_SECONDS = "marconi_engine_step_seconds_total{phase="
+
+
+def engine_seconds(url: str) -> dict[str, float]:
+    """Our server's engine time so far by step phase (``schedule``, ``forward``, ``sample``,
+    ``postprocess``); empty for a server without that metric (vLLM)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    return {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(STEP_SECONDS)
+    }

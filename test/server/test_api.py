@@ -85,13 +85,6 @@ def test_chat_replay_identical_with_and_without_cache_and_reports_hits(
     assert cached == sum(v[2] for v in got.values())
     for name in ("marconi_time_to_first_token_seconds_count", "marconi_kv_bytes_in_use"):
         assert name in metrics
-    phases = {
-        line.split('"')[1]: float(line.split()[-1])
-        for line in metrics.splitlines()
-        if line.startswith("marconi_engine_step_seconds_total{")
-    }
-    assert set(phases) == {"schedule", "forward", "sample", "postprocess"}
-    assert all(v > 0 for v in phases.values()), phases
     wait_idle(marconi_server.url)
     wait_idle(plain_server.url)
 

@@ -1,4 +1,5 @@
-"""benchmark/swing_aa.py: A/A runs start one server twice and score the two copies' swings."""
+"""benchmark/swing_aa.py: A/A runs start one server twice and score the two copies' swings;
+benchmark/servers.py: what bench_serving.py reads of our server per round."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from marconi.launch_server import ServerHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmark"))
@@ -46,3 +49,17 @@ def test_cells_are_checked() -> None:
     assert swing_aa.parse_cells("tiny:4,small:16,tiny:16") == {"tiny": [4, 16], "small": [16]}
     with pytest.raises(SystemExit):
         swing_aa.parse_cells("huge:4")
+
+
+def test_engine_seconds_reads_our_servers_step_phases(marconi_server: ServerHandle) -> None:
+    """What ``bench_serving.py`` records per round: the engine's seconds by step phase, read
+    from the real server's ``/metrics``, growing with the work; nothing from a server without
+    the metric."""
+    url = marconi_server.url
+    before = servers.engine_seconds(url)
+    assert set(before) == {"schedule", "forward", "sample", "postprocess"}
+    body = {"model": "tiny", "prompt": "Count the steps", "max_tokens": 4, "temperature": 0}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    after = servers.engine_seconds(url)
+    assert all(after[k] > before[k] for k in ("forward", "sample", "postprocess")), after
+    assert servers.engine_seconds(f"{url}/no-such-server") == {}
