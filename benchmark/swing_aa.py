@@ -26,7 +26,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from subprocess import DEVNULL
 
 from servers import model_option
 
@@ -54,7 +53,8 @@ def run_one(server: str, model: str, levels: list[int], rounds: int, out: Path) 
             "CONCURRENCY": ",".join(map(str, levels)), "ROUNDS": str(rounds), "OUT": tmp,
             "SERVING_ONLY": "1",
         }  # fmt: skip
-        subprocess.run(["bash", str(HERE / "vs_vllm.sh")], env=env, check=True, stdout=DEVNULL)
+        script = str(HERE / "vs_vllm.sh")
+        subprocess.run(["bash", script], env=env, check=True, stdout=subprocess.DEVNULL)
         shutil.move(Path(tmp) / f"serving_{model}.json", out)
 
 
