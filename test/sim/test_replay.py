@@ -118,6 +118,24 @@ def test_shadow_tuner_replays_one_request_per_observe_and_scores_whole_windows()
     assert sum(first) > 0  # the windows hit something: the comparison has teeth
 
 
+@pytest.mark.parametrize(("lead", "switched_after"), [(1.015, 8), (1.03, 4)])
+def test_a_decisive_lead_switches_after_one_window(lead: float, switched_after: int) -> None:
+    """Hit density's tuner switches once a shadow has led by its margin (1%) for two windows in
+    a row, or after one window when the lead is decisive (2.5% or more)."""
+    cache = small_cache(6_000, 6, "learned", "hit-density")
+
+    def replay(shadow, items):  # alpha 1's shadow scores ``lead`` times the others'
+        return 100.0 * len(items) * (lead if shadow.alpha == 1.0 else 1.0)
+
+    tuner = ShadowTuner(cache, replay=replay, workers=1, window=4)
+    assert (tuner.patience, tuner.margin, tuner.decisive) == (2, 0.01, 0.025)
+    alphas = []
+    for _ in range(8):
+        tuner.observe(None)
+        alphas.append(cache.alpha)
+    assert alphas == [0.0] * (switched_after - 1) + [1.0] * (9 - switched_after)
+
+
 def test_parse_bytes_accepts_units_and_rejects_garbage() -> None:
     assert parse_bytes("40GB") == 40 * 10**9
     assert parse_bytes("1.5GiB") == int(1.5 * 2**30)

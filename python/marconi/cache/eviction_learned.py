@@ -113,8 +113,14 @@ class HitDensity(EvictionPolicy):
     refit_fraction = 0.125
     has_alpha = True
     alpha_grid = (0.0, 0.5, 1.0)
-    #: a shadow that wins one window often loses the next: switch on steadier evidence
-    tuner_hints: ClassVar[dict[str, float]] = {"patience": 2, "margin": 0.01, "decay": 0.9}
+    #: a shadow that wins one window often loses the next: switch on steadier evidence, two
+    #: windows in a row, unless one window's lead is decisive (session 43, docs/admission.md)
+    tuner_hints: ClassVar[dict[str, float]] = {
+        "patience": 2,
+        "margin": 0.01,
+        "decisive": 0.025,
+        "decay": 0.9,
+    }
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ the SGLang backend's tuner all run, so a what-if replay counts hits exactly as t
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import time
@@ -165,7 +166,8 @@ class ShadowTuner(AlphaTuner):
     """Ours: one shadow cache per alpha of the grid (same budget, byte counts only) is fed every
     request; every ``window`` requests, the real cache switches to the alpha whose shadow has the
     best hit score, decayed by ``decay`` per window, once it has beaten the current alpha's
-    shadow by ``margin`` (a fraction) for ``patience`` windows in a row (an eviction policy may
+    shadow by ``margin`` (a fraction) for ``patience`` windows in a row, or at once when it leads
+    by ``decisive`` (a fraction; infinite: never) (an eviction policy may
     set its own defaults: ``tuner_hints``; while its ``alpha_hold`` is set, the real cache keeps
     that alpha and the shadows keep running). Each shadow measures its alpha's long-run behaviour
     on the live workload (not a short what-if from the current contents), so the choice tracks
@@ -184,6 +186,7 @@ class ShadowTuner(AlphaTuner):
         "decay": 0.8,
         "margin": 0.005,
         "patience": 1,
+        "decisive": math.inf,
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -193,6 +196,7 @@ class ShadowTuner(AlphaTuner):
         cfg = {**self.DEFAULTS, **hints, **opts}
         self.window, self.patience = int(cfg["window"]), int(cfg["patience"])
         self.decay, self.margin = float(cfg["decay"]), float(cfg["margin"])
+        self.decisive = float(cfg["decisive"])
         self._leads: tuple[int, int] = (-1, 0)  # (index of the leading alpha, windows in a row)
         self.shadows = []
         for alpha in self.grid:
@@ -222,7 +226,8 @@ class ShadowTuner(AlphaTuner):
         if self.totals[best] > self.totals[cur] * (1 + self.margin):
             lead, n = self._leads
             self._leads = (best, n + 1 if lead == best else 1)
-            if self._leads[1] >= self.patience:
+            decisive = self.totals[best] > self.totals[cur] * (1 + self.decisive)
+            if self._leads[1] >= self.patience or decisive:
                 self._set(self.grid[best])
         else:
             self._leads = (-1, 0)
