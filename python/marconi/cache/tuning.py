@@ -167,9 +167,9 @@ class ShadowTuner(AlphaTuner):
     request; every ``window`` requests, the real cache switches to the alpha whose shadow has the
     best hit score, decayed by ``decay`` per window, once it has beaten the current alpha's
     shadow by ``margin`` (a fraction) for ``patience`` windows in a row, or at once when it leads
-    by ``decisive`` (a fraction; infinite: never) (an eviction policy may
-    set its own defaults: ``tuner_hints``; while its ``alpha_hold`` is set, the real cache keeps
-    that alpha and the shadows keep running). Each shadow measures its alpha's long-run behaviour
+    by ``decisive`` (a fraction; infinite by default). An eviction policy may
+    set its own defaults (``tuner_hints``); while its ``alpha_hold`` is set, the real cache keeps
+    that alpha and the shadows keep running. Each shadow measures its alpha's long-run behaviour
     on the live workload (not a short what-if from the current contents), so the choice tracks
     the best fixed alpha in hindsight and follows the workload when it shifts.
 
