@@ -57,12 +57,12 @@ def parse(lines: Iterable[str]) -> list[Run]:
         block.clear()
 
     for line in lines:
-        head = SESSION.match(line)
         if line.startswith("#"):
             close()
+            head = SESSION.match(line)
             session = int(head.group(1)) if head else None
             continue
-        row = ROW.match(line.rstrip("\n"))
+        row = ROW.match(line)
         if row:
             ours, bind = (int(row.group(i).replace(",", "")) for i in (4, 5))
             block[(row.group(1), int(row.group(2)))] = Swing(ours, bind, bool(row.group(3)))
@@ -70,6 +70,12 @@ def parse(lines: Iterable[str]) -> list[Run]:
             close()
     close()
     return found
+
+
+def recorded_runs(since: int) -> list[Run]:
+    """The full runs in ``FILES`` from session ``since`` on, oldest first."""
+    runs = [r for path in FILES for r in parse(path.read_text().splitlines())]
+    return sorted((r for r in runs if r.session >= since), key=lambda r: r.session)
 
 
 def report(runs: Sequence[Run]) -> list[str]:
@@ -100,8 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--since", type=int, default=32, help="first session to pool (its format)")
     args = ap.parse_args(argv)
-    runs = [r for path in FILES for r in parse(path.read_text().splitlines())]
-    runs = sorted((r for r in runs if r.session >= args.since), key=lambda r: r.session)
+    runs = recorded_runs(args.since)
     if not runs:
         raise SystemExit(f"no full runs since session {args.since} in {', '.join(map(str, FILES))}")
     print("\n".join(report(runs)))

@@ -44,7 +44,6 @@ def test_a_run_is_a_full_table_under_a_session_heading() -> None:
 
 def test_the_docs_record_the_runs_the_pooled_figures_come_from() -> None:
     """docs/performance.md quotes the pooled tallies; they must stay computable from the docs."""
-    runs = [r for p in swing_history.FILES for r in swing_history.parse(p.read_text().split("\n"))]
-    since = [r for r in runs if r.session >= 32]
+    since = swing_history.recorded_runs(32)
     assert len(since) >= 10
     assert all(len(r.cells) == len(swing_history.CELLS) for r in since)
