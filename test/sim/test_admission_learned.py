@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from marconi.cache.admission import AdmissionContext
-from marconi.cache.admission_learned import GhostAdmission, GhostTable, Kind, PrefixHashes
+from marconi.cache.admission_learned import _BASE, GhostAdmission, GhostTable, Kind, PrefixHashes
 from marconi.sim.replay import Replayer
 from marconi.sim.trace_variants import reasoning, retokenized
 from synthetic import chat_sessions, small_cache
@@ -113,6 +113,21 @@ def test_a_fingerprint_is_the_whole_prefix(a: list[int], b: list[int]) -> None:
     ha, hb = PrefixHashes(np.array(a)), PrefixHashes(np.array(b))
     for pos in range(1, min(len(a), len(b)) + 1):
         assert (ha(pos) == hb(pos)) == (a[:pos] == b[:pos])
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=3000))
+def test_a_fingerprint_is_the_polynomial_hash_of_its_prefix(tokens: list[int]) -> None:
+    """``h(pos) = h(pos - 1) * B + t + 1 mod 2**64``, whatever the tokens' container and
+    dtype, one position at a time or many at once (the tables grow on demand)."""
+    want, h = [], 0
+    for t in tokens:
+        h = (h * _BASE + t + 1) % 2**64
+        want.append(h)
+    positions = list(range(1, len(tokens) + 1))
+    for given_tokens in (tokens, np.array(tokens, dtype=np.int64), np.array(tokens, np.int32)):
+        fp = PrefixHashes(given_tokens)
+        assert [fp(p) for p in positions] == want
+        assert fp.many(positions) == want
 
 
 def test_a_fingerprint_sees_a_difference_far_back() -> None:

@@ -7,6 +7,7 @@ import pytest
 from marconi.cache import eviction_learned as el
 from marconi.cache.admission import length_bin
 from marconi.cache.eviction import CandidateInfo
+from marconi.cache.integrity import IntegrityError
 from marconi.cache.prefix_cache import PrefixCache, clone_cache
 from marconi.cache.tuning import ShadowTuner
 from marconi.sim.replay import Replayer
@@ -51,6 +52,27 @@ def test_chat_learns_that_a_continued_state_is_dead() -> None:
     assert policy.ends[inner_hit_once].sum() > 0
     for age in (1, 8, 24):
         assert policy.density(inner_hit_once, age) < policy.density(tip, age)
+
+
+def test_the_eviction_memo_is_each_candidates_current_info() -> None:
+    """The index keeps a candidate's info from its last change and a rebuild reads it back
+    (``EvictionIndex.info_of``); ``check_integrity`` compares every live memo with a fresh
+    info, so a change the tree did not report (``on_change``) is caught."""
+    cache, _ = _chat_cache()  # checked after every request
+    live = [n for n in cache.tree.iter_nodes() if n.info is not None and n.info[0] == n.version]
+    assert live
+    live[0].last_access -= 1  # a change nobody reported
+    with pytest.raises(IntegrityError, match="stale eviction info"):
+        cache.check_integrity()
+
+
+def test_hit_density_of_many_classes_at_once_is_each_ones() -> None:
+    rng = np.random.default_rng(0)
+    hits = rng.random((el.KINDS, el._BINS)) * (rng.random((el.KINDS, el._BINS)) < 0.3)
+    ends = hits + rng.random((el.KINDS, el._BINS)) * (rng.random((el.KINDS, el._BINS)) < 0.5)
+    rows = el.hit_density(hits, ends)
+    for k in range(el.KINDS):
+        assert rows[k].tolist() == el.hit_density(hits[k], ends[k]).tolist()  # to the bit
 
 
 def test_beats_lru_on_chat_under_contention() -> None:

@@ -91,6 +91,13 @@ def test_request_arrays_are_int64_readonly_views_leaving_caller_array_writeable(
         Request("s", 0, 0.0, np.zeros((2, 2)), own)
 
 
+def test_fed_tokens_are_the_input_and_every_output_but_the_last() -> None:
+    for out in ([], [7], [7, 8, 9]):
+        r = Request("s", 0, 0.0, np.arange(5), out)
+        assert r.fed_ids.tolist() == [*range(5), *out[:-1]]
+        assert r.num_fed_tokens == len(r.fed_ids)
+
+
 # --- Mooncake ----------------------------------------------------------------------------------
 
 

@@ -57,7 +57,8 @@ from marconi.cache.admission import (
 _MOD = 1 << 64
 _BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _INV = pow(_BASE, -1, _MOD)
-_inv_powers = np.ones(1, dtype=np.uint64)  # _INV**j mod 2**64, j = 0, 1, ...; grown on demand
+#: ``_BASE**j``, ``_INV**j`` and ``sum_{i <= j} _INV**i`` mod 2**64, j = 0, 1, ...; grown on demand
+_tables = (np.ones(1, dtype=np.uint64),) * 3
 
 
 class Kind(IntEnum):
@@ -70,32 +71,50 @@ class Kind(IntEnum):
     ALIGNED_DECODE = 4  # the last block-aligned position of the decoded part
 
 
+_KINDS = tuple(Kind)
 _PREFILL_KINDS = (Kind.RESEND, Kind.PROMPT_END, Kind.ALIGNED_INPUT)
 _DECODE_KINDS = (Kind.DECODED, Kind.ALIGNED_DECODE)
 
 
-def _inverse_powers(n: int) -> np.ndarray:
-    global _inv_powers
-    if len(_inv_powers) < n:
-        size = max(n, 2 * len(_inv_powers))
-        steps = np.full(size, _INV, dtype=np.uint64)
+def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_tables``, at least ``n`` long."""
+    global _tables
+    if len(_tables[0]) < n:
+        size = max(n, 2 * len(_tables[0]))
+        steps = np.empty(size, dtype=np.uint64)
         steps[0] = 1
-        _inv_powers = np.cumprod(steps)  # wraps mod 2**64, as wanted
-    return _inv_powers[:n]
+        steps[1:] = _BASE
+        powers = np.cumprod(steps)  # numpy's uint64 arithmetic wraps mod 2**64, as wanted
+        steps[1:] = _INV
+        inv = np.cumprod(steps)
+        _tables = (powers, inv, np.cumsum(inv))
+    return _tables
 
 
 class PrefixHashes:
     """Fingerprints of every prefix of ``tokens`` from one O(n) pass: the polynomial hash
     ``h(pos) = sum_{j < pos} (t_j + 1) B^(pos-1-j) mod 2**64``, read as ``B^(pos-1)`` times a
-    prefix sum of ``(t_j + 1) B^-j`` (numpy's uint64 arithmetic wraps mod 2**64)."""
+    prefix sum of ``(t_j + 1) B^-j`` = ``t_j B^-j`` + ``B^-j`` (the second sum is a table:
+    the pass multiplies and sums, over the tokens' own bytes when they are 64-bit)."""
 
     def __init__(self, tokens: np.ndarray) -> None:
-        t = np.asarray(tokens).astype(np.uint64) + np.uint64(1)
-        self._sums = np.cumsum(t * _inverse_powers(len(t)))
+        t = np.asarray(tokens)
+        if t.dtype != np.int64 and t.dtype != np.uint64:
+            t = t.astype(np.int64)
+        self._powers, inv, self._inv_sums = _power_tables(len(t))
+        # int64 read as uint64: the same residue mod 2**64 as a cast, without a copy
+        sums = np.multiply(t.view(np.uint64), inv[: len(t)])
+        self._sums = sums.cumsum(out=sums)
 
     def __call__(self, pos: int) -> int:
         """The fingerprint of ``tokens[:pos]`` (1 <= pos <= len(tokens))."""
-        return pow(_BASE, pos - 1, _MOD) * int(self._sums[pos - 1]) % _MOD
+        i = pos - 1
+        return int(self._powers[i]) * (int(self._sums[i]) + int(self._inv_sums[i])) % _MOD
+
+    def many(self, positions: list[int]) -> list[int]:
+        """``[self(p) for p in positions]``, in one vectorised pass."""
+        i = np.asarray(positions, dtype=np.intp) - 1
+        return (self._powers[i] * (self._sums[i] + self._inv_sums[i])).tolist()
 
 
 def _aligned(block: int, lo: int, hi: int) -> int | None:
@@ -136,8 +155,11 @@ class GhostTable:
         ``[lo, hi]``, trying at most ``tries`` distinct positions (deepest first)."""
         i = bisect.bisect_right(self._positions, hi)
         j = max(bisect.bisect_left(self._positions, max(lo, 1)), i - tries)
-        for pos in reversed(self._positions[j:i]):
-            entry = self.entries.get(fp(pos))
+        positions = self._positions[j:i]
+        if not positions:
+            return None
+        for pos, h in zip(reversed(positions), reversed(fp.many(positions)), strict=True):
+            entry = self.entries.get(h)
             if entry is not None and entry[0] == pos:
                 return pos, entry[1]
         return None
@@ -218,11 +240,12 @@ class GhostAdmission(AdmissionPolicy):
             self.credit *= 0.5
             self.ended *= 0.5
             self.resumed *= 0.5
-        if not self.credit.any():
+        credit = self.credit.tolist()  # five numbers: plain floats are faster than numpy's
+        if not any(credit):
             return
-        yields = self.credit / np.maximum(self.proposals, 1.0)
-        bar = self.threshold * yields.max()
-        self.enabled = {k for k in Kind if yields[k] > 0 and yields[k] >= bar}
+        yields = [c / max(p, 1.0) for c, p in zip(credit, self.proposals.tolist(), strict=True)]
+        bar = self.threshold * max(yields)
+        self.enabled = {k for k, y in zip(_KINDS, yields, strict=True) if y > 0 and y >= bar}
 
     @property
     def block_granular(self) -> bool:

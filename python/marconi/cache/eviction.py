@@ -147,20 +147,29 @@ class EvictionIndex:
         """Invalidate ``node``'s entries and push a fresh one if it is a candidate now."""
         node.version += 1
         if self.tree.is_candidate(node, self.policy.single_child):
-            full = self.policy.needs_cost or self.policy.learns
-            info = self.info(node) if full else CandidateInfo(node.last_access, 0, 0)
+            if self.policy.needs_cost or self.policy.learns:
+                info = self.info(node)
+                node.info = (node.version, info)  # valid until the node changes again
+            else:
+                info = CandidateInfo(node.last_access, 0, 0)
             prio = self.policy.priority(info)
             heapq.heappush(self._heap, (prio, next(self._seq), node.version, node))
             if len(self._heap) > 4 * len(self.tree.nodes) + 1024:
                 self.rebuild()
 
+    def info_of(self, node: Node) -> CandidateInfo:
+        """``info(node)``, from the memo ``changed`` left if the node has not changed since
+        (the tree reports every change of a candidate's inputs: ``RadixTree.on_change``)."""
+        memo = node.info
+        return memo[1] if memo is not None and memo[0] == node.version else self.info(node)
+
     def rebuild(self, refit: bool = True) -> None:
         """Refit the policy over all current candidates and rebuild the heap (drops stale
         entries). O(n); called once per epoch. ``refit=False`` keeps the policy's fitted state
         (a clone's index: it must rank as the cache it copies does)."""
-        single = self.policy.single_child
-        cands = [n for n in self.tree.iter_nodes() if self.tree.is_candidate(n, single)]
-        infos = [self.info(n) for n in cands]
+        single, is_candidate = self.policy.single_child, self.tree.is_candidate
+        cands = [n for n in self.tree.iter_nodes() if is_candidate(n, single)]
+        infos = [self.info_of(n) for n in cands]
         if refit:
             self.policy.fit(infos)
         self._heap = [

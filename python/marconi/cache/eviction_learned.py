@@ -84,10 +84,11 @@ def candidate_kind(node: Node) -> int:
 def hit_density(hits: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Hit density at each age bin from histograms of lifetimes ending in a hit (``hits``)
     and all lifetimes (``ends``, hits + evictions): expected further hits over expected
-    remaining ticks, ``sum_{x>=a} H(x) / sum_{x>=a} N(x) (x - a + 1)``."""
-    s_hits = np.cumsum(hits[::-1])[::-1]
-    s0 = np.cumsum(ends[::-1])[::-1]
-    s1 = np.cumsum((ends * _BIN_AGE)[::-1])[::-1]
+    remaining ticks, ``sum_{x>=a} H(x) / sum_{x>=a} N(x) (x - a + 1)``. Rows of 2-D
+    histograms are independent classes (one call for all of them)."""
+    s_hits = np.cumsum(hits[..., ::-1], axis=-1)[..., ::-1]
+    s0 = np.cumsum(ends[..., ::-1], axis=-1)[..., ::-1]
+    s1 = np.cumsum((ends * _BIN_AGE)[..., ::-1], axis=-1)[..., ::-1]
     life = s1 - _BIN_AGE * s0 + s0
     return np.divide(s_hits, life, out=np.zeros_like(s_hits), where=life > 0)
 
@@ -180,14 +181,15 @@ class HitDensity(EvictionPolicy):
 
     def fit(self, infos: Sequence[CandidateInfo]) -> None:
         if infos:
-            self.now = max(self.now, max(i.last_access for i in infos))
-            self._span = self.now - min(i.last_access for i in infos)
+            accessed = [i.last_access for i in infos]
+            self.now = max(self.now, max(accessed))
+            self._span = self.now - min(accessed)
         self._fit_now = self.now
         self._length = self._length_seen  # None on block-granular reuse (observe_admission)
         if not self.ends.any():
             return
         pooled = hit_density(self.hits.sum(0), self.ends.sum(0))
-        own = np.array([hit_density(self.hits[k], self.ends[k]) for k in range(KINDS)])
+        own = hit_density(self.hits, self.ends)
         n = self.ends.sum(1)[:, None]
         prior = self.block_prior if self.block_granular else self.prior
         self._rows = ((n * own + prior * pooled) / (n + prior)).tolist()

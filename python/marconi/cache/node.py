@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from marconi.cache.eviction import CandidateInfo
 
 _ids = itertools.count()
 
@@ -24,6 +27,7 @@ class Node:
         "children",
         "hits",
         "id",
+        "info",
         "key",
         "kv",
         "last_access",
@@ -55,6 +59,9 @@ class Node:
         self.lock = 0
         self.hits = 0
         self.version = 0
+        #: ``(version, CandidateInfo)``: the eviction index's memo of this node's info
+        #: (``EvictionIndex.info_of``), valid while ``version`` is the node's
+        self.info: tuple[int, CandidateInfo] | None = None
 
     @property
     def end(self) -> int:

@@ -103,7 +103,7 @@ class PrefixCache:
         """Feed hits to a learning eviction policy (evictions are fed by ``evict``)."""
         if self.eviction.learns:
             self.tree.on_hit = lambda node: self.eviction.record(
-                self._candidate_info(node), self.tree.clock, True
+                self.index.info_of(node), self.tree.clock, True
             )
 
     # ------------------------------------------------------------------ lookups
@@ -246,7 +246,7 @@ class PrefixCache:
                 skipped.append(node)
                 continue
             if self.eviction.learns:
-                self.eviction.record(self._candidate_info(node), self.tree.clock, False)
+                self.eviction.record(self.index.info_of(node), self.tree.clock, False)
             for i, v in enumerate(self.tree.evict_node(node)):
                 freed[i] += v
         for node in skipped:
@@ -288,19 +288,19 @@ class PrefixCache:
         return getattr(self.eviction, "alpha", None)
 
     def _candidate_info(self, node: Node) -> CandidateInfo:
-        state_bytes = self.cost.state_bytes if node.state is not None else 0
-        if node.children:  # single-child: gives up only its state
-            nbytes = state_bytes
-        else:
-            kv_slot_bytes = 0 if self.pools.kv is None else self.pools.kv.slot_bytes
-            nbytes = state_bytes + (0 if node.kv is None else len(node.kv) * kv_slot_bytes)
-        hit_possible = node.state is not None or not self.cost.has_ssm
-        policy = self.eviction
+        # runs for every candidate at every refit: plain attribute reads, no helper calls
+        cost, policy = self.cost, self.eviction
+        has_state = node.state is not None
+        nbytes = cost.state_bytes if has_state else 0
+        if not node.children and node.kv is not None and self.pools.kv is not None:
+            nbytes += len(node.kv) * self.pools.kv.slot_bytes  # a leaf frees its edge's KV
+        end = node.start + len(node.key)
+        hit_possible = has_state or not cost.has_ssm
         flops = 0.0
         if hit_possible and policy.needs_cost:
-            flops = float(self.cost.prefill_flops(node.end, node.start))
+            flops = float(cost.prefill_flops(end, node.start))
         return CandidateInfo(
-            node.last_access, nbytes, flops, policy.kind(node), node.end if hit_possible else 0
+            node.last_access, nbytes, flops, policy.kind(node), end if hit_possible else 0
         )
 
     # ------------------------------------------------------------------ accounting

@@ -50,7 +50,7 @@ class Replayer:
 
     # -------------------------------------------------------------- one request
     def begin(self, req: Request) -> Flight:
-        lease = self.leases.begin(req.input_ids, len(req.fed_ids))
+        lease = self.leases.begin(req.input_ids, req.num_fed_tokens)
         if lease is None:
             self.uncached += 1
         elif lease.prefix_len and lease.match.state is not None:

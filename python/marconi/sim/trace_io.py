@@ -53,6 +53,11 @@ class Request:
         return int(self.output_ids.shape[0])
 
     @property
+    def num_fed_tokens(self) -> int:
+        """``len(self.fed_ids)``, without building it."""
+        return self.num_input_tokens + max(self.num_output_tokens - 1, 0)
+
+    @property
     def fed_ids(self) -> np.ndarray:
         """The tokens the model computes KV and states for: input + output[:-1] (the last
         output token is sampled, never fed)."""
