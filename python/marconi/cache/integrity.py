@@ -52,7 +52,7 @@ def check_cache(cache: PrefixCache, deep: bool = False) -> None:
         kv, st = _check_node(tree.page_size, node)
         memo = node.info
         if memo is not None and memo[0] == node.version:  # the eviction index's memo
-            _require(memo[1] == cache._candidate_info(node), f"{node}: stale eviction info")
+            _require(memo[1] == cache.index.info(node), f"{node}: stale eviction info")
         kv_total += kv
         states_total += st
         stack.extend(node.children.values())

@@ -288,13 +288,12 @@ class PrefixCache:
         return getattr(self.eviction, "alpha", None)
 
     def _candidate_info(self, node: Node) -> CandidateInfo:
-        # runs for every candidate at every refit: plain attribute reads, no helper calls
         cost, policy = self.cost, self.eviction
         has_state = node.state is not None
         nbytes = cost.state_bytes if has_state else 0
         if not node.children and node.kv is not None and self.pools.kv is not None:
             nbytes += len(node.kv) * self.pools.kv.slot_bytes  # a leaf frees its edge's KV
-        end = node.start + len(node.key)
+        end = node.end
         hit_possible = has_state or not cost.has_ssm
         flops = 0.0
         if hit_possible and policy.needs_cost:
