@@ -59,7 +59,7 @@ def test_the_eviction_memo_is_each_candidates_current_info() -> None:
     (``EvictionIndex.info_of``); ``check_integrity`` compares every live memo with a fresh
     info, so a change the tree did not report (``on_change``) is caught."""
     cache, _ = _chat_cache()  # checked after every request
-    live = [n for n in cache.tree.iter_nodes() if n.info is not None and n.info[0] == n.version]
+    live = [n for n in cache.tree.iter_nodes() if cache.index.memo(n) is not None]
     assert live
     live[0].last_access -= 1  # a change nobody reported
     with pytest.raises(IntegrityError, match="stale eviction info"):

@@ -157,11 +157,17 @@ class EvictionIndex:
             if len(self._heap) > 4 * len(self.tree.nodes) + 1024:
                 self.rebuild()
 
-    def info_of(self, node: Node) -> CandidateInfo:
-        """``info(node)``, from the memo ``changed`` left if the node has not changed since
-        (the tree reports every change of a candidate's inputs: ``RadixTree.on_change``)."""
+    @staticmethod
+    def memo(node: Node) -> CandidateInfo | None:
+        """The info ``changed`` left on ``node``, if the node has not changed since (the tree
+        reports every change of a candidate's inputs: ``RadixTree.on_change``)."""
         memo = node.info
-        return memo[1] if memo is not None and memo[0] == node.version else self.info(node)
+        return memo[1] if memo is not None and memo[0] == node.version else None
+
+    def info_of(self, node: Node) -> CandidateInfo:
+        """``info(node)``, from its ``memo`` when there is one."""
+        info = self.memo(node)
+        return self.info(node) if info is None else info
 
     def rebuild(self, refit: bool = True) -> None:
         """Refit the policy over all current candidates and rebuild the heap (drops stale

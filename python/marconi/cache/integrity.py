@@ -50,9 +50,9 @@ def check_cache(cache: PrefixCache, deep: bool = False) -> None:
         _require(node.id not in seen, f"{node} reached twice")
         seen.add(node.id)
         kv, st = _check_node(tree.page_size, node)
-        memo = node.info
-        if memo is not None and memo[0] == node.version:  # the eviction index's memo
-            _require(memo[1] == cache.index.info(node), f"{node}: stale eviction info")
+        memo = cache.index.memo(node)
+        if memo is not None:
+            _require(memo == cache.index.info(node), f"{node}: stale eviction info")
         kv_total += kv
         states_total += st
         stack.extend(node.children.values())
