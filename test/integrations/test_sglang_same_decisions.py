@@ -110,6 +110,8 @@ def test_sglang_backend_and_replayer_agree(
     assert sum(hits_sim) > 0
     assert fx.cache.marconi.stats.hit_tokens == sum(hits_sim)
     assert getattr(policy.admission, "enabled", None) == getattr(sim.admission, "enabled", None)
+    if preset == "marconi":  # the same ghosts (each insert fingerprinted from its plan's memo)
+        assert policy.admission.ghosts.entries == sim.admission.ghosts.entries
     assert policy.eviction.alpha_hold == sim.eviction.alpha_hold
     if preset == "marconi":  # what the eviction follows: block-granular reuse or not
         assert policy.eviction.block_granular == (workload == "blocks")

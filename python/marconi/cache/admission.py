@@ -25,6 +25,14 @@ class AdmissionContext(NamedTuple):
     branch_point: int | None  # where the input branches off the tree (speculative insertion)
 
 
+class PrefillPlan(NamedTuple):
+    """``PrefixCache.plan_prefill``: where the request's prefill captures states, and the
+    admission's memo for its insert (``AdmissionPolicy.observe_prefill``)."""
+
+    positions: tuple[int, ...]
+    memo: object = None
+
+
 def _multiples(step: int, lo: int, hi: int) -> tuple[int, ...]:
     """Multiples of ``step`` in ``(lo, hi]``."""
     first = (lo // step + 1) * step
@@ -61,14 +69,18 @@ class AdmissionPolicy(ABC):
     #: whether the policy learns from what requests reuse (then the cache calls ``observe_*``)
     learns: ClassVar[bool] = False
 
-    def observe_prefill(  # noqa: B027 - optional hook
-        self, tokens: np.ndarray, key_len: int, usable_len: int
-    ) -> None:
+    def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> object:
         """A request with input ``tokens`` may resume from at most ``key_len`` tokens (its match
-        key) and resumes from ``usable_len``; called before ``prefill_positions`` for it."""
+        key) and resumes from ``usable_len``; called before ``prefill_positions`` for it.
+        Returns a memo (None: nothing) that the caller hands back to ``observe_insert`` for the
+        same request, so that the policy need not read the input again."""
+        return None
 
-    def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:  # noqa: B027
-        """A request whose first ``input_len`` tokens were its input inserts ``tokens``."""
+    def observe_insert(  # noqa: B027 - optional hook
+        self, tokens: np.ndarray, input_len: int, memo: object = None
+    ) -> None:
+        """A request whose first ``input_len`` tokens were its input inserts ``tokens``;
+        ``memo``: what ``observe_prefill`` returned for that input, if the caller kept it."""
 
     def learned(self) -> dict[str, object] | None:
         """What the policy has learned so far, for reports (``/debug/cache``); None if it

@@ -30,7 +30,7 @@ session 28).
 
 The branch point is always admitted (speculative insertion only finds real sharing). Bound:
 at most ``1 + len(Kind)`` = 6 new states per request (branch + one per kind), usually 1-2.
-A fingerprint is a hash of the whole prefix (``PrefixHashes``), so a ghost is credited only to
+A fingerprint is a hash of the whole prefix (``fingerprints``), so a ghost is credited only to
 a request that shares that prefix: with a hash of the position and the 16 tokens before it,
 the same conversation behind another system prompt of the same length (a benchmark's salted
 rounds) credited its earlier copy's ghosts. A hash collision only skews the statistics, never
@@ -40,8 +40,11 @@ what a request is served (the tree checks tokens).
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
+from collections.abc import Sequence
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +62,7 @@ _BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _INV = pow(_BASE, -1, _MOD)
 #: ``_BASE**j``, ``_INV**j`` and ``sum_{i <= j} _INV**i`` mod 2**64, j = 0, 1, ...; grown on demand
 _tables = (np.ones(1, dtype=np.uint64),) * 3
+_buffer = np.empty(0, dtype=np.uint64)
 
 
 class Kind(IntEnum):
@@ -91,30 +95,61 @@ def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _tables
 
 
-class PrefixHashes:
-    """Fingerprints of every prefix of ``tokens`` from one O(n) pass: the polynomial hash
-    ``h(pos) = sum_{j < pos} (t_j + 1) B^(pos-1-j) mod 2**64``, read as ``B^(pos-1)`` times a
-    prefix sum of ``(t_j + 1) B^-j`` = ``t_j B^-j`` + ``B^-j`` (the second sum is a table:
-    the pass multiplies and sums, over the tokens' own bytes when they are 64-bit)."""
+def _scratch(n: int) -> np.ndarray:
+    """A reused uint64 buffer of ``n`` elements (a fresh array per request costs page faults)."""
+    global _buffer
+    if len(_buffer) < n:
+        _buffer = np.empty(max(n, 2 * len(_buffer)), dtype=np.uint64)
+    return _buffer[:n]
 
-    def __init__(self, tokens: np.ndarray) -> None:
-        t = np.asarray(tokens)
-        if t.dtype != np.int64 and t.dtype != np.uint64:
-            t = t.astype(np.int64)
-        self._powers, inv, self._inv_sums = _power_tables(len(t))
-        # int64 read as uint64: the same residue mod 2**64 as a cast, without a copy
-        sums = np.multiply(t.view(np.uint64), inv[: len(t)])
-        self._sums = sums.cumsum(out=sums)
 
-    def __call__(self, pos: int) -> int:
-        """The fingerprint of ``tokens[:pos]`` (1 <= pos <= len(tokens))."""
-        i = pos - 1
-        return int(self._powers[i]) * (int(self._sums[i]) + int(self._inv_sums[i])) % _MOD
+class Fingerprints(NamedTuple):
+    values: list[int]  # the fingerprint at each asked position
+    carry: int  # the token sum at the last position: ``fingerprints``' ``carry`` to go on from it
 
-    def many(self, positions: list[int]) -> list[int]:
-        """``[self(p) for p in positions]``, in one vectorised pass."""
-        i = np.asarray(positions, dtype=np.intp) - 1
-        return (self._powers[i] * (self._sums[i] + self._inv_sums[i])).tolist()
+
+def fingerprints(
+    tokens: np.ndarray | Sequence[int], positions: Sequence[int], start: int = 0, carry: int = 0
+) -> Fingerprints:
+    """The fingerprint of ``tokens[:p]`` for each ``p`` in ``positions`` (strictly increasing,
+    each ``> start``): the polynomial hash ``h(p) = sum_{j < p} (t_j + 1) B^(p-1-j) mod 2**64``,
+    read as ``B^(p-1)`` times the token sum ``sum_{j < p} t_j B^-j`` plus a table (the sum of
+    ``B^-j``). One pass multiplies the tokens in ``[start, last position)`` (read in place as
+    uint64 when they are 64-bit) and sums them between the positions; the tokens before
+    ``start`` are not read: ``carry`` is their token sum (``Fingerprints.carry`` of an earlier
+    call that ended at ``start`` on the same tokens; 0 with ``start`` 0)."""
+    t = np.asarray(tokens)
+    if t.dtype != np.int64 and t.dtype != np.uint64:
+        t = t.astype(np.int64)
+    t = t.view(np.uint64)  # int64 read as uint64: the same residue mod 2**64 as a cast, no copy
+    powers, inv, inv_sums = _power_tables(positions[-1] if len(positions) else 0)
+    if len(positions) <= 2:  # a decode's insert: per-call overhead dominates; dot products
+        values = []
+        for a, b in itertools.pairwise((start, *positions)):
+            carry = (carry + int(t[a:b].dot(inv[a:b]))) % _MOD
+            values.append(int(powers[b - 1]) * (carry + int(inv_sums[b - 1])) % _MOD)
+        return Fingerprints(values, carry)
+    pos = np.asarray(positions, dtype=np.intp)
+    end = int(pos[-1])
+    terms = np.multiply(t[start:end], inv[start:end], out=_scratch(end - start))
+    bounds = pos - start
+    bounds[1:], bounds[0] = bounds[:-1].copy(), 0
+    # the sum of each stretch between two positions, then up to each position (numpy's uint64
+    # arithmetic wraps mod 2**64, as wanted); both much faster than a cumsum of all the terms
+    sums = np.add.reduceat(terms, bounds).cumsum()
+    i = pos - 1
+    values = (powers[i] * (sums + inv_sums[i])).tolist()
+    if carry:  # B^(p-1) (s + carry + ...) = the above + B^(p-1) carry
+        values = [(v + pw * carry) % _MOD for v, pw in zip(values, powers[i].tolist(), strict=True)]
+    return Fingerprints(values, (int(sums[-1]) + carry) % _MOD)
+
+
+class _PromptSum(NamedTuple):
+    """``observe_prefill``'s memo: the token sum of a request's whole input, from which
+    ``observe_insert`` fingerprints the decoded part without reading the input again."""
+
+    length: int
+    carry: int
 
 
 def _aligned(block: int, lo: int, hi: int) -> int | None:
@@ -150,16 +185,18 @@ class GhostTable:
                 del self._count[old_pos]
                 del self._positions[bisect.bisect_left(self._positions, old_pos)]
 
-    def deepest(self, fp: PrefixHashes, lo: int, hi: int, tries: int) -> tuple[int, int] | None:
-        """The deepest ghost ``(position, mask)`` on the tokens ``fp`` hashes at a position in
-        ``[lo, hi]``, trying at most ``tries`` distinct positions (deepest first)."""
+    def tried(self, lo: int, hi: int, tries: int) -> list[int]:
+        """The positions ``deepest`` looks at in ``[lo, hi]``: the ``tries`` deepest that
+        hold a ghost, ascending."""
         i = bisect.bisect_right(self._positions, hi)
         j = max(bisect.bisect_left(self._positions, max(lo, 1)), i - tries)
-        positions = self._positions[j:i]
-        if not positions:
-            return None
-        for pos, h in zip(reversed(positions), reversed(fp.many(positions)), strict=True):
-            entry = self.entries.get(h)
+        return self._positions[j:i]
+
+    def deepest(self, positions: list[int], fps: dict[int, int]) -> tuple[int, int] | None:
+        """The deepest ghost ``(position, mask)`` among ``positions`` (from ``tried``) on the
+        tokens whose fingerprint at each position is ``fps[position]``."""
+        for pos in reversed(positions):
+            entry = self.entries.get(fps[pos])
             if entry is not None and entry[0] == pos:
                 return pos, entry[1]
         return None
@@ -203,35 +240,49 @@ class GhostAdmission(AdmissionPolicy):
         self.by_length = by_length  # False: offer no ``reuse_by_length`` (A/B runs)
 
     # -------------------------------------------------------------- learning
-    def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> None:
-        fp = PrefixHashes(tokens)
-        hit = self.ghosts.deepest(fp, usable_len, min(key_len, len(tokens)), self.tries)
+    def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> object:
+        n = len(tokens)
+        proposals = (
+            (Kind.RESEND, n - 1),
+            (Kind.PROMPT_END, n),
+            (Kind.ALIGNED_INPUT, _aligned(self.block, 0, n)),
+        )
+        tried = self.ghosts.tried(usable_len, min(key_len, n), self.tries)
+        wanted = sorted({*tried, *(p for _, p in proposals if p)})
+        found = fingerprints(tokens, wanted)
+        fps = dict(zip(wanted, found.values, strict=True))
+        hit = self.ghosts.deepest(tried, fps)
         if hit is not None:
             pos, mask = hit
             self.resumed[length_bin(pos)] += 1
             for k in Kind:
                 if mask >> k & 1:
                     self.credit[k] += pos
-        n = len(tokens)
-        self._propose(fp, Kind.RESEND, n - 1 if n > 1 else None)
-        self._propose(fp, Kind.PROMPT_END, n)
-        self._propose(fp, Kind.ALIGNED_INPUT, _aligned(self.block, 0, n))
+        for kind, pos in proposals:
+            self._propose(kind, pos, fps)
         self._update()
+        return _PromptSum(n, found.carry) if n else None
 
-    def observe_insert(self, tokens: np.ndarray, input_len: int) -> None:
+    def observe_insert(self, tokens: np.ndarray, input_len: int, memo: object = None) -> None:
         n = len(tokens)
         self.ended[length_bin(max(n, input_len))] += 1
         if n <= input_len:
             return
-        fp = PrefixHashes(tokens)
-        self._propose(fp, Kind.DECODED, n)
-        self._propose(fp, Kind.ALIGNED_DECODE, _aligned(self.block, input_len, n))
+        proposals = ((Kind.DECODED, n), (Kind.ALIGNED_DECODE, _aligned(self.block, input_len, n)))
+        wanted = sorted({p for _, p in proposals if p})
+        if isinstance(memo, _PromptSum) and memo.length == input_len:
+            found = fingerprints(tokens, wanted, input_len, memo.carry)  # the output only
+        else:
+            found = fingerprints(tokens, wanted)
+        fps = dict(zip(wanted, found.values, strict=True))
+        for kind, pos in proposals:
+            self._propose(kind, pos, fps)
 
-    def _propose(self, fp: PrefixHashes, kind: Kind, pos: int | None) -> None:
-        if pos is None or pos < 1:
+    def _propose(self, kind: Kind, pos: int | None, fps: dict[int, int]) -> None:
+        if not pos:
             return
         self.proposals[kind] += 1
-        self.ghosts.add(fp(pos), pos, kind)
+        self.ghosts.add(fps[pos], pos, kind)
 
     def _update(self) -> None:
         self._events += 1

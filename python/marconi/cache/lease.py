@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from marconi.cache.admission import PrefillPlan
 from marconi.registry import Registry
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class Lease:
     working: int | None
     captures: dict[int, int] = field(default_factory=dict)
     decoded: int = 0  # decode steps before this one have been through ``capture``
+    memo: object = None  # the admission's, from ``plan_prefill`` to ``insert``
 
     @property
     def prefix_len(self) -> int:
@@ -158,7 +160,7 @@ class Leases:
         cache.lock(match.node)
         # planned on the tree as matched (as SGLang's match computes its branching seqlen),
         # before this request's own allocations evict anything
-        planned = cache.plan_prefill(tokens, match, key) if self.reuses else ()
+        plan = cache.plan_prefill(tokens, match, key) if self.reuses else PrefillPlan(())
         pages = None
         if cache.pools.kv is not None:
             prefix = match.kv if match.kv is not None else _NO_KV
@@ -176,8 +178,8 @@ class Leases:
                 cache.unlock(match.node)
                 return None
         n_prefix = 0 if match.kv is None else len(match.kv)
-        lease = Lease(match, len(tokens), pages, n_prefix, working)
-        for pos in planned:
+        lease = Lease(match, len(tokens), pages, n_prefix, working, memo=plan.memo)
+        for pos in plan.positions:
             slot = cache.alloc_state()
             if slot is not None:  # a checkpoint is optional: skip it when memory is short
                 lease.captures[pos] = slot
@@ -230,7 +232,7 @@ class Leases:
                 cache.free_state(lease.working)
         if lease.pages is not None or states:  # a pure-SSM sequence without states adds nothing
             # frees pages past seq_len; input_len lets a learning admission see the decoded part
-            cache.insert(fed_tokens, lease.pages, states, input_len=lease.input_len)
+            cache.insert(fed_tokens, lease.pages, states, lease.input_len, lease.memo)
         cache.unlock(lease.match.node)
         lease.captures.clear()
         if self.on_finish is not None:

@@ -21,7 +21,12 @@ from marconi.cache import (  # noqa: F401 - register the learned policies
     admission_learned,
     eviction_learned,
 )
-from marconi.cache.admission import ADMISSION_POLICIES, AdmissionContext, AdmissionPolicy
+from marconi.cache.admission import (
+    ADMISSION_POLICIES,
+    AdmissionContext,
+    AdmissionPolicy,
+    PrefillPlan,
+)
 from marconi.cache.eviction import EVICTION_POLICIES, CandidateInfo, EvictionIndex
 from marconi.cache.node import EvictResult, InsertResult, MatchResult, Node, SizeInfo
 from marconi.cache.pools import MemoryBudget, make_pools
@@ -121,20 +126,22 @@ class PrefixCache:
 
     def plan_prefill(
         self, tokens: np.ndarray, match: MatchResult, key: np.ndarray | None = None
-    ) -> tuple[int, ...]:
-        """Positions where this request's prefill should capture a state (admission policy).
-        ``key``: the prefix of ``tokens`` that was matched (the match rule's key; default all of
-        ``tokens``); speculative insertion runs on it, as SGLang computes its branching seqlen
-        from the matched key (a branch past the key could serve no request with this input)."""
+    ) -> PrefillPlan:
+        """Positions where this request's prefill should capture a state (admission policy),
+        and the memo its ``insert`` hands back to the admission. ``key``: the prefix of
+        ``tokens`` that was matched (the match rule's key; default all of ``tokens``);
+        speculative insertion runs on it, as SGLang computes its branching seqlen from the
+        matched key (a branch past the key could serve no request with this input)."""
         if self.pools.state is None:
-            return ()
+            return PrefillPlan(())
         key = tokens if key is None else key
+        memo = None
         if self.admission.learns:
-            self.admission.observe_prefill(tokens, len(key), match.usable_len)
+            memo = self.admission.observe_prefill(tokens, len(key), match.usable_len)
             self.eviction.observe_admission(self.admission)
         branch = self.branch_point(key)
         ctx = AdmissionContext(len(tokens), match.usable_len, branch)
-        return self.admission.prefill_positions(ctx)
+        return PrefillPlan(self.admission.prefill_positions(ctx), memo)
 
     def plan_decode(self, input_len: int, seq_len: int) -> tuple[int, ...]:
         """Positions in the decoded continuation where a state should be captured."""
@@ -216,12 +223,14 @@ class PrefixCache:
         kv: np.ndarray | None,
         states: Mapping[int, int] | None = None,
         input_len: int | None = None,
+        memo: object = None,
     ) -> InsertResult:
         """Insert a finished (or paused) sequence; the request gives up ``kv`` and ``states``
         (see the ownership table of ``RadixTree.insert``). ``input_len`` (the request's prompt
-        length, if known) lets a learning admission policy see what the request decoded."""
+        length, if known) lets a learning admission policy see what the request decoded;
+        ``memo``: its ``plan_prefill``'s, if kept (``tokens`` start with that input)."""
         if input_len is not None and self.admission.learns and self.pools.state is not None:
-            self.admission.observe_insert(tokens, input_len)
+            self.admission.observe_insert(tokens, input_len, memo)
         states = dict(states or {})
         result = self.tree.insert(tokens, kv, states)
         self.kv_in_flight -= 0 if kv is None else len(kv) - result.kv_reused

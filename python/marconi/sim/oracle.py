@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from marconi.cache.admission import PrefillPlan
 from marconi.cache.cost import CostModel, load_cost_model
 from marconi.cache.eviction import CandidateInfo, EvictionIndex, EvictionPolicy
 from marconi.cache.node import EvictResult, InsertResult, MatchResult, Node
@@ -178,8 +179,8 @@ class OracleCache(PrefixCache):
 
     def plan_prefill(
         self, tokens: np.ndarray, match: MatchResult, key: np.ndarray | None = None
-    ) -> tuple[int, ...]:
-        return self._wanted(match.usable_len, len(tokens))
+    ) -> PrefillPlan:
+        return PrefillPlan(self._wanted(match.usable_len, len(tokens)))
 
     def plan_decode(self, input_len: int, seq_len: int) -> tuple[int, ...]:
         return self._wanted(input_len, seq_len)
@@ -193,12 +194,13 @@ class OracleCache(PrefixCache):
         kv: np.ndarray | None,
         states: dict[int, int] | None = None,
         input_len: int | None = None,
+        memo: object = None,
     ) -> InsertResult:
         """``PrefixCache.insert``, remembering which prefix each offered state checkpoints."""
         for p, slot in (states or {}).items():
             if p in self._plan:
                 self._slot_key[slot] = self._plan[p]
-        return super().insert(tokens, kv, states, input_len)
+        return super().insert(tokens, kv, states, input_len, memo)
 
     # -------------------------------------------------------------- eviction
     def next_use(self, node: Node) -> int:

@@ -284,7 +284,9 @@ class MarconiRadixCache(UnifiedRadixCache):
         if finished:
             fed = req.full_untruncated_fill_ids[:up_to]
             fed_ids = np.asarray(fed, dtype=np.int64)
-            self.marconi.finished(fed_ids, len(req.origin_input_ids))
+            plan = getattr(req, PLAN_ATTR, None)
+            memo = None if plan is None else plan.memo
+            self.marconi.finished(fed_ids, len(req.origin_input_ids), memo)
             if self.marconi_tuner is not None:
                 self.marconi_tuner.observe(req.origin_input_ids, fed)
 

@@ -80,6 +80,7 @@ class RequestPlan(NamedTuple):
 
     input_len: int
     prefill: tuple[int, ...]
+    memo: object = None  # the admission's (``observe_prefill``), handed to ``finished``
 
 
 #: attribute of an SGLang ``Req`` holding its ``RequestPlan``
@@ -144,12 +145,13 @@ class MarconiPolicy:
                 self.eviction.record(info, self.clock, True)
             self.touch(used)
             setattr(used, HITS_ATTR, getattr(used, HITS_ATTR, 0) + 1)
+        memo = None
         if self.admission.learns:
             # SGLang's match key: the input but its last token (``names.SGLANG_MATCH_RULE``)
-            self.admission.observe_prefill(tokens, len(tokens) - 1, usable_len)
+            memo = self.admission.observe_prefill(tokens, len(tokens) - 1, usable_len)
             self.eviction.observe_admission(self.admission)
         ctx = AdmissionContext(len(tokens), usable_len, branch_point)
-        return RequestPlan(len(tokens), self.admission.prefill_positions(ctx))
+        return RequestPlan(len(tokens), self.admission.prefill_positions(ctx), memo)
 
     def admits(self, plan: RequestPlan, cache_len: int, seq_len: int, is_finished: bool,
                exact: bool = True) -> bool:  # fmt: skip
@@ -180,10 +182,11 @@ class MarconiPolicy:
         if node is not None and node.parent is not None:
             self.touch(node)
 
-    def finished(self, fed: np.ndarray, input_len: int) -> None:
-        """A finished request's fed tokens went to the tree (``PrefixCache.insert``'s hook)."""
+    def finished(self, fed: np.ndarray, input_len: int, memo: object = None) -> None:
+        """A finished request's fed tokens went to the tree (``PrefixCache.insert``'s hook);
+        ``memo``: its ``RequestPlan``'s."""
         if self.admission.learns:
-            self.admission.observe_insert(fed, input_len)
+            self.admission.observe_insert(fed, input_len, memo)
 
     def touch(self, node: TreeNodeLike) -> None:
         setattr(node, ACCESS_ATTR, self.clock)
