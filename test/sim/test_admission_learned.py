@@ -174,6 +174,16 @@ def test_the_prefill_memo_changes_nothing_but_the_work() -> None:
     assert with_memo.yields() == without.yields()
 
 
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_tiny_inputs_propose_only_real_positions(n: int) -> None:
+    policy = GhostAdmission(block=1)
+    prompt = np.arange(n, dtype=np.int64)
+    memo = policy.observe_prefill(prompt, max(n - 1, 0), 0)
+    policy.observe_insert(np.arange(n + 3, dtype=np.int64), n, memo)
+    assert all(1 <= pos <= n + 3 for pos, _ in policy.ghosts.entries.values())
+    assert policy.proposals[Kind.RESEND] == (n > 1)
+
+
 def test_a_lease_carries_the_prefill_memo_to_its_insert() -> None:
     cache = small_cache(200_000, 200, "learned")
     leases = Leases(cache)

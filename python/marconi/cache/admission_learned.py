@@ -104,6 +104,8 @@ def _scratch(n: int) -> np.ndarray:
 
 
 class Fingerprints(NamedTuple):
+    """What ``fingerprints`` returns."""
+
     values: list[int]  # the fingerprint at each asked position
     carry: int  # the token sum at the last position: ``fingerprints``' ``carry`` to go on from it
 
@@ -243,7 +245,7 @@ class GhostAdmission(AdmissionPolicy):
     def observe_prefill(self, tokens: np.ndarray, key_len: int, usable_len: int) -> object:
         n = len(tokens)
         proposals = (
-            (Kind.RESEND, n - 1),
+            (Kind.RESEND, n - 1 if n > 1 else None),
             (Kind.PROMPT_END, n),
             (Kind.ALIGNED_INPUT, _aligned(self.block, 0, n)),
         )
