@@ -62,7 +62,6 @@ _BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _INV = pow(_BASE, -1, _MOD)
 #: ``_BASE**j``, ``_INV**j`` and ``sum_{i <= j} _INV**i`` mod 2**64, j = 0, 1, ...; grown on demand
 _tables = (np.ones(1, dtype=np.uint64),) * 3
-_buffer = np.empty(0, dtype=np.uint64)
 
 
 class Kind(IntEnum):
@@ -76,8 +75,6 @@ class Kind(IntEnum):
 
 
 _KINDS = tuple(Kind)
-_PREFILL_KINDS = (Kind.RESEND, Kind.PROMPT_END, Kind.ALIGNED_INPUT)
-_DECODE_KINDS = (Kind.DECODED, Kind.ALIGNED_DECODE)
 
 
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,14 +90,6 @@ def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         inv = np.cumprod(steps)
         _tables = (powers, inv, np.cumsum(inv))
     return _tables
-
-
-def _scratch(n: int) -> np.ndarray:
-    """A reused uint64 buffer of ``n`` elements (a fresh array per request costs page faults)."""
-    global _buffer
-    if len(_buffer) < n:
-        _buffer = np.empty(max(n, 2 * len(_buffer)), dtype=np.uint64)
-    return _buffer[:n]
 
 
 class Fingerprints(NamedTuple):
@@ -133,7 +122,7 @@ def fingerprints(
         return Fingerprints(values, carry)
     pos = np.asarray(positions, dtype=np.intp)
     end = int(pos[-1])
-    terms = np.multiply(t[start:end], inv[start:end], out=_scratch(end - start))
+    terms = np.multiply(t[start:end], inv[start:end])
     bounds = pos - start
     bounds[1:], bounds[0] = bounds[:-1].copy(), 0
     # the sum of each stretch between two positions, then up to each position (numpy's uint64
