@@ -27,12 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marconi.engine.async_engine import BURST_WAIT_LIMIT
-from marconi.engine.config import NO_CACHE, EngineConfig, prefix_cache_choices
+from marconi.engine.config import NO_CACHE, ConfigError, EngineConfig, prefix_cache_choices
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
+from marconi.models.loader import ModelLoadError
 from marconi.server.guard import Limits
 
 log = logging.getLogger("marconi.server")
 API_KEY_ENV = "MARCONI_API_KEY"
+PROG = "python -m marconi.launch_server"
 
 _HELP = {
     "model": "embedded model (tiny, tiny-jamba, small) or a local HF model folder",
@@ -93,6 +95,15 @@ class ServerArgs:
     burst_wait_ms: float = 8.0
     pin_threads: bool | None = None  # None: auto (affinity.should_pin)
 
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be >= 1")
+        for name in ("drain_timeout", "heap_trim_interval", "burst_wait_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0")
+
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in dataclasses.fields(cls):
@@ -118,7 +129,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m marconi.launch_server",
+        prog=PROG,
         description="OpenAI-compatible server for hybrid LLMs with the Marconi prefix cache.",
     )
     _add_fields(parser, EngineConfig)
@@ -133,7 +144,9 @@ def make_parser() -> argparse.ArgumentParser:
 def parse_args(
     argv: Sequence[str] | None = None,
 ) -> tuple[EngineConfig, ServerArgs, Limits]:
-    ns = vars(make_parser().parse_args(argv))
+    """The three configs; a value they reject exits as argparse does (usage, the reason, 2)."""
+    parser = make_parser()
+    ns = vars(parser.parse_args(argv))
     if ns.pop("disable_radix_cache"):
         ns["prefix_cache"] = NO_CACHE
     ns["api_key"] = ns["api_key"] or os.environ.get(API_KEY_ENV) or None
@@ -141,11 +154,14 @@ def parse_args(
     def pick(cls: type) -> dict:
         return {f.name: ns[f.name] for f in dataclasses.fields(cls)}
 
-    return (
-        EngineConfig(**pick(EngineConfig)),
-        ServerArgs(**pick(ServerArgs)),
-        Limits(**pick(Limits)),
-    )
+    try:
+        return (
+            EngineConfig(**pick(EngineConfig)),
+            ServerArgs(**pick(ServerArgs)),
+            Limits(**pick(Limits)),
+        )
+    except ValueError as e:
+        parser.error(str(e))
 
 
 class ServerHandle:
@@ -253,7 +269,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
-    handle = ServerHandle(engine_config, args, limits)
+    try:
+        handle = ServerHandle(engine_config, args, limits)
+    except (ModelLoadError, ConfigError) as e:  # what cannot be served: say why, no traceback
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
     while handle.is_alive() and not stopping.wait(0.5):
         pass
     log.info("shutting down: draining for up to %.0f s", args.drain_timeout)

@@ -181,6 +181,10 @@ def test_cli_run_json_has_the_documented_fields(capsys) -> None:
 def test_cli_reports_bad_arguments_clearly(capsys) -> None:
     assert main(["run", "--trace", "/nonexistent.jsonl", "--capacity", "1GB"]) == 2
     assert "error" in capsys.readouterr().err
+    # a misspelt name is told apart from a missing file: the names are listed
+    assert main(["run", "--trace", "sharegtp+reasoning", "--capacity", "1GB"]) == 2
+    err = capsys.readouterr().err
+    assert "sharegtp: no such trace file" in err and "mooncake, sharegpt, swe" in err
     assert main(["run", "--trace", "sharegpt", "--capacity", "huge"]) == 2
 
 

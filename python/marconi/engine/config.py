@@ -27,16 +27,28 @@ def prefix_cache_choices() -> list[str]:
 AUTO_ALPHA_FALLBACK = 0.0
 
 
+class ConfigError(ValueError):
+    """A setting this machine or model cannot serve with (the message names the flag)."""
+
+
+def memory_fraction(text: str | int | float) -> float | None:
+    """The fraction of the device's memory that a ``parse_memory`` text asks for (``"0.25"``),
+    or None where it gives a size; raises ValueError where it is neither."""
+    value, unit = split_size(text)
+    if unit == "" and 0 < value < 1:
+        return value
+    if parse_bytes(text) <= 0:
+        raise ValueError(f"memory size must be > 0, got {text!r}")
+    return None
+
+
 def parse_memory(text: str | int | float, device: str = "cpu") -> int:
     """Bytes from ``"2GB"``, ``"512MiB"``, ``"1e9"`` or a fraction of the device's memory
     (``"0.25"``: a quarter of the RAM, or of the GPU's memory on CUDA). Raises ValueError."""
-    value, unit = split_size(text)
-    if unit == "" and 0 < value < 1:
-        return int(value * device_memory_bytes(device))
-    nbytes = parse_bytes(text)
-    if nbytes <= 0:
-        raise ValueError(f"memory size must be > 0, got {text!r}")
-    return nbytes
+    fraction = memory_fraction(text)
+    if fraction is not None:
+        return int(fraction * device_memory_bytes(device))
+    return parse_bytes(text)
 
 
 def device_memory_bytes(device: str) -> int:
@@ -95,6 +107,7 @@ class EngineConfig:
                 f"choose one of {', '.join(prefix_cache_choices())}"
             )
         parse_alpha(self.alpha)
+        memory_fraction(self.cache_memory)  # the syntax; the device is read when it is used
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size < 1:
@@ -121,6 +134,12 @@ class EngineConfig:
         alpha = parse_alpha(self.alpha)
         tune = reuse and alpha is None and get_preset(preset).tune_alpha
         start = AUTO_ALPHA_FALLBACK if alpha is None else alpha
+        total = device_memory_bytes(self.device)
+        if self.cache_bytes > total:
+            raise ConfigError(
+                f"--cache-memory {self.cache_memory} ({self.cache_bytes / 2**30:.1f} GiB) is more"
+                f" than the memory of {self.device} ({total / 2**30:.1f} GiB)"
+            )
         return CacheSetup(preset, start, tune, reuse, self.cache_bytes)
 
 

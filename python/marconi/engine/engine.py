@@ -22,7 +22,7 @@ from marconi.cache.prefix_cache import CacheStats, PrefixCache
 from marconi.cache.presets import preset_config
 from marconi.cache.tuning import AlphaTuner, ShadowTuner, replay_fed
 from marconi.engine.cache_manager import CacheManager
-from marconi.engine.config import EngineConfig
+from marconi.engine.config import ConfigError, EngineConfig
 from marconi.engine.request import Detokenizer, Req, SamplingParams, StepOutput
 from marconi.engine.runner import ModelRunner, size_onednn_cache
 from marconi.engine.schedule_policy import SCHEDULE_POLICIES
@@ -99,6 +99,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.setup = config.resolve_cache()  # before the weights: a budget error comes at once
         path = resolve_model_path(config.model)
         self.model_path = path
         self.model = load_model(path, torch_dtype(config.dtype), config.device)
@@ -107,7 +108,6 @@ class Engine:
         self.context_length = config.context_length or int(
             hf.get("max_position_embeddings") or 8192
         )
-        self.setup = config.resolve_cache()
         self.cache, self.memory = self._build_cache(hf)
         self.tuner = self._build_tuner()
         on_finish = None if self.tuner is None else self._observe
@@ -141,7 +141,18 @@ class Engine:
         kv, st = cache.pools.kv, cache.pools.state
         if kv is None or st is None:
             raise NotImplementedError("the engine serves hybrid models (attention + SSM) only")
-        memory = self.model.allocate_memory(kv.num_slots * kv.page_size, st.num_slots, dtypes)
+        if not (kv.num_slots and st.num_slots):
+            raise ConfigError(
+                f"--cache-memory {self.config.cache_memory} is too small for"
+                f" {self.model_path.name}: one SSM state takes {cost.state_bytes:,} bytes and"
+                f" each token's KV {cost.kv_bytes_per_token:,}"
+            )
+        try:
+            memory = self.model.allocate_memory(kv.num_slots * kv.page_size, st.num_slots, dtypes)
+        except RuntimeError as e:  # the allocator's out-of-memory
+            raise ConfigError(
+                f"could not allocate the cache (--cache-memory {self.config.cache_memory}): {e}"
+            ) from e
         counted = (cost.kv_bytes_per_token, cost.state_bytes)
         if (memory.kv_bytes_per_slot, memory.state_bytes_per_slot) != counted:
             raise AssertionError(f"layer specs {counted} != allocated {memory.spec}")

@@ -45,6 +45,16 @@ class Limits:
     body_timeout: float = 30.0
     retry_after: int = 1
 
+    def __post_init__(self) -> None:
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError("max_queued_requests must be >= 0")
+        if self.max_request_bytes < 1:
+            raise ValueError("max_request_bytes must be >= 1")
+        if not self.body_timeout > 0:
+            raise ValueError("body_timeout must be > 0 seconds")
+        if self.retry_after < 0:
+            raise ValueError("retry_after must be >= 0 seconds")
+
 
 class ClientGone(Exception):
     """The client disconnected before its request was read or answered."""

@@ -280,7 +280,12 @@ def load_trace(spec: str | os.PathLike[str], **kw: Any) -> Trace:
     """
     if isinstance(spec, str) and spec in LOADERS:
         return LOADERS[spec](**kw)
-    src = _source(spec, "trace")
+    src = Path(spec)
+    if not src.is_file():
+        raise FileNotFoundError(
+            f"{spec}: no such trace file, and not a trace name ({', '.join(sorted(LOADERS))};"
+            " a name may take a variant, e.g. sharegpt+reasoning)"
+        )
     first = next(_json_lines(src), None)
     loader = next((_FORMAT_BY_KEY[k] for k in (first or {}) if k in _FORMAT_BY_KEY), None)
     if loader is None:
