@@ -229,7 +229,7 @@ def test_reference_jsonl_rejects_counts_that_disagree_with_tokens(tmp_path: Path
 
 def test_load_trace_errors_name_the_trace_names_or_the_format(tmp_path: Path) -> None:
     # a path that is not there may be a misspelt name: the names are listed
-    with pytest.raises(FileNotFoundError, match="no such trace file.*mooncake, sharegpt, swe"):
+    with pytest.raises(FileNotFoundError, match=r"no such trace file.*mooncake, sharegpt, swe"):
         load_trace(str(tmp_path / "missing.jsonl"))
     (tmp_path / "odd.jsonl").write_text('{"foo": 1}\n')
     with pytest.raises(ValueError, match="unknown trace format"):
