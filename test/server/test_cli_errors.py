@@ -51,12 +51,18 @@ def test_every_flag_value_is_taken_or_refused_with_its_reason(flags) -> None:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            parse_args(argv)
+            engine, server, limits = parse_args(argv)
     except SystemExit as e:
         text = err.getvalue()
         assert e.code == 2, text
         assert text.splitlines()[-1].startswith(f"{PROG}: error: "), text
         assert "Traceback" not in text
+        return
+    # what is taken can be served: a budget, a port, positive bounds
+    assert engine.cache_bytes > 0 and engine.max_running_requests >= 1
+    assert engine.chunked_prefill_size >= 1 and (engine.queue_timeout or 1) > 0
+    assert 0 < server.port < 65536 and server.drain_timeout >= 0 and server.burst_wait_ms >= 0
+    assert limits.max_request_bytes >= 1 and limits.body_timeout > 0 and limits.retry_after >= 0
 
 
 @pytest.mark.parametrize(

@@ -46,9 +46,12 @@ def parse_memory(text: str | int | float, device: str = "cpu") -> int:
     """Bytes from ``"2GB"``, ``"512MiB"``, ``"1e9"`` or a fraction of the device's memory
     (``"0.25"``: a quarter of the RAM, or of the GPU's memory on CUDA). Raises ValueError."""
     fraction = memory_fraction(text)
-    if fraction is not None:
-        return int(fraction * device_memory_bytes(device))
-    return parse_bytes(text)
+    if fraction is None:
+        return parse_bytes(text)
+    nbytes = int(fraction * device_memory_bytes(device))
+    if nbytes <= 0:
+        raise ConfigError(f"--cache-memory {text} is less than one byte of {device}'s memory")
+    return nbytes
 
 
 def device_memory_bytes(device: str) -> int:
@@ -107,7 +110,10 @@ class EngineConfig:
                 f"choose one of {', '.join(prefix_cache_choices())}"
             )
         parse_alpha(self.alpha)
-        memory_fraction(self.cache_memory)  # the syntax; the device is read when it is used
+        if self.device.startswith("cuda"):
+            memory_fraction(self.cache_memory)  # the syntax; the GPU is read when it is used
+        else:
+            _ = self.cache_bytes  # the RAM's size is cheap to read: the whole check, now
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size < 1:
