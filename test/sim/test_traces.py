@@ -231,6 +231,9 @@ def test_load_trace_errors_name_the_trace_names_or_the_format(tmp_path: Path) ->
     # a path that is not there may be a misspelt name: the names are listed
     with pytest.raises(FileNotFoundError, match=r"no such trace file.*mooncake, sharegpt, swe"):
         load_trace(str(tmp_path / "missing.jsonl"))
+    # a loader given a path that is not there says so (MARCONI_TRACES is not where it looked)
+    with pytest.raises(FileNotFoundError, match=r"^sharegpt trace file .*missing.json does not"):
+        load_sharegpt(path=tmp_path / "missing.json")
     (tmp_path / "odd.jsonl").write_text('{"foo": 1}\n')
     with pytest.raises(ValueError, match="unknown trace format"):
         load_trace(tmp_path / "odd.jsonl")

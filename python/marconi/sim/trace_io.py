@@ -88,11 +88,17 @@ def default_trace_dir() -> Path:
 
 
 def _source(path: str | os.PathLike[str] | None, kind: str) -> Path:
-    p = Path(path) if path is not None else default_trace_dir() / TRACE_FILES[kind]
+    """``path``, or the ``kind`` trace's file in ``default_trace_dir()``; FileNotFoundError
+    if it is not there (naming ``MARCONI_TRACES`` only where that directory was looked in)."""
+    if path is not None:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{kind} trace file {path} does not exist")
+        return Path(path)
+    p = default_trace_dir() / TRACE_FILES[kind]
     if not p.is_file():
         raise FileNotFoundError(
             f"{kind} trace not found at {p}; set MARCONI_TRACES to the directory holding "
-            f"{TRACE_FILES.get(kind, 'the traces')} (default: <repo root>/../shared/traces)"
+            f"{TRACE_FILES[kind]} (default: <repo root>/../shared/traces)"
         )
     return p
 
