@@ -12,29 +12,11 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from marconi.launch_server import PROG, free_port, parse_args
+from marconi.launch_server import PROG, free_port, make_parser, parse_args
 
-#: every flag that takes a value the configs check (choices are argparse's own)
+#: every flag that takes a value (derived from the parser, so a new flag is fuzzed too)
 VALUED = [
-    "--cache-memory",
-    "--alpha",
-    "--max-running-requests",
-    "--chunked-prefill-size",
-    "--context-length",
-    "--default-max-tokens",
-    "--queue-timeout",
-    "--seed",
-    "--port",
-    "--num-threads",
-    "--drain-timeout",
-    "--heap-trim-interval",
-    "--burst-wait-ms",
-    "--max-queued-requests",
-    "--max-request-bytes",
-    "--body-timeout",
-    "--retry-after",
-    "--prefix-cache",
-    "--schedule-policy",
+    a.option_strings[0] for a in make_parser()._actions if a.option_strings and a.nargs is None
 ]
 VALUES = (
     st.sampled_from(["0", "-1", "1", "0.5", "1e9", "2GB", "512MiB", "nan", "inf", "-inf", "auto"])
@@ -61,6 +43,7 @@ def test_every_flag_value_is_taken_or_refused_with_its_reason(flags) -> None:
     # what is taken can be served: a budget, a port, positive bounds
     assert engine.cache_bytes > 0 and engine.max_running_requests >= 1
     assert engine.chunked_prefill_size >= 1 and (engine.queue_timeout or 1) > 0
+    assert engine.device == "cpu" or engine.device.startswith("cuda")
     assert 0 < server.port < 65536 and server.drain_timeout >= 0 and server.burst_wait_ms >= 0
     assert limits.max_request_bytes >= 1 and limits.body_timeout > 0 and limits.retry_after >= 0
 

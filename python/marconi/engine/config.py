@@ -7,6 +7,7 @@ the "auto" values once, at construction, and never mutates the config.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
@@ -110,6 +111,8 @@ class EngineConfig:
                 f"choose one of {', '.join(prefix_cache_choices())}"
             )
         parse_alpha(self.alpha)
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.device.startswith("cuda"):
             memory_fraction(self.cache_memory)  # the syntax; the GPU is read when it is used
         else:
